@@ -1,0 +1,1 @@
+"""dependency-injector containers: what gets built from the composed config."""

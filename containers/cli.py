@@ -1,0 +1,108 @@
+"""The Hydra command line: `python -m engine key=value ...` (and `-m` for sweeps).
+
+`hydra_main` is a thin shell around `run`, which tests call with a composed plain config.
+"""
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+from rich.console import Console
+
+from containers.build import build_container
+from containers.compose import config_dir, to_plain
+from containers.schema import register_schemas
+from engine.errors import ConfigError, EyasError
+from engine.sampling_params import SamplingParams
+
+
+def read_prompts(config: dict) -> list[str]:
+    if config.get("prompts_file"):
+        path = Path(config["prompts_file"]).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"prompts_file: no such file: {path}")
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+        if path.suffix == ".jsonl":
+            try:
+                return [json.loads(line)["prompt"] for line in lines]
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise ConfigError(f"prompts_file {path}: each line must be a JSON object with a 'prompt' field ({e})")
+        return lines
+    if config.get("prompt") is None:
+        raise ConfigError("nothing to generate: set `prompt=...` or `prompts_file=...`")
+    return [config["prompt"]]
+
+
+def summary_line(metrics: dict) -> str:
+    parts = [
+        f"requests {metrics['num_requests']}",
+        f"generated {metrics['generated_tokens']} tokens",
+        f"{metrics['tokens_per_s']:.1f} tok/s",
+        f"forward steps {metrics['forward_steps']}",
+    ]
+    if "mean_accept_length" in metrics:
+        parts.append(f"tau {metrics['mean_accept_length']:.2f}")
+    if metrics["num_failed"]:
+        parts.append(f"failed {metrics['num_failed']}")
+    return " | ".join(parts)
+
+
+def run(config: dict, output_dir: str | Path | None = None, console: Console | None = None) -> dict:
+    """Generate for the configured prompts; print completions and a summary; write outputs.json."""
+    console = console or Console()
+    prompts = read_prompts(config)
+    container = build_container(config)
+    with container.engine() as engine:
+        outputs = engine.generate(prompts, SamplingParams(**config["sampling"]))
+        metrics = engine.metrics()
+    if config.get("print_outputs", True):
+        for out in outputs:
+            console.rule(f"request {out.request_id} ({out.finish_reason})")
+            if out.error:
+                console.print(f"[red]error:[/red] {out.error}", markup=True, highlight=False)
+            else:
+                console.print(out.prompt, end="", markup=False, highlight=False, style="dim")
+                console.print(out.text, markup=False, highlight=False)
+    console.print(summary_line(metrics), markup=False, highlight=False)
+    result = {"config": config, "metrics": metrics, "outputs": [vars(o) for o in outputs]}
+    if output_dir is not None:
+        path = Path(output_dir) / "outputs.json"
+        path.write_text(json.dumps(result, indent=2, default=str))
+        console.print(f"outputs written to {path}", markup=False, highlight=False)
+    return result
+
+
+register_schemas()
+
+
+@hydra.main(config_path=config_dir(), config_name="config", version_base="1.3")
+def hydra_main(cfg: DictConfig) -> None:
+    try:
+        run(to_plain(cfg), HydraConfig.get().runtime.output_dir)
+    except EyasError as e:
+        Console(stderr=True).print(f"error: {e}", markup=False, highlight=False)
+        sys.exit(2)
+
+
+FREE_TEXT_KEYS = ("prompt", "+prompt", "++prompt")
+
+
+def quote_free_text(argv: list[str]) -> list[str]:
+    """`prompt=def fib(n):` is free text, not Hydra grammar: quote it unless the user already did."""
+    out = []
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if sep and key in FREE_TEXT_KEYS and not (len(value) >= 2 and value[0] == value[-1] and value[0] in "'\""):
+            escaped = re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, value).replace("'", "\\'")
+            arg = f"{key}='{escaped}'"
+        out.append(arg)
+    return out
+
+
+def main() -> None:
+    sys.argv[1:] = quote_free_text(sys.argv[1:])
+    hydra_main()

@@ -1,0 +1,45 @@
+"""Hydra -> plain dict: compose `conf/` with overrides exactly as the CLI does, then validate."""
+
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+import engine
+from containers.schema import register_schemas
+from containers.validation import validate_config
+from engine.errors import ConfigError
+
+
+def config_dir() -> str:
+    """The config tree: installed inside the package as `engine/conf`, or `conf/` of a source checkout."""
+    installed = Path(engine.__file__).resolve().parent / "conf"
+    if (installed / "config.yaml").is_file():
+        return str(installed)
+    return str(Path(__file__).resolve().parent.parent / "conf")
+
+
+def to_plain(cfg: DictConfig) -> dict:
+    """A composed DictConfig -> validated plain dict (enums as strings, no `hydra` node)."""
+    try:
+        config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True, throw_on_missing=True)
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"invalid configuration: {e}") from e
+    config.pop("hydra", None)
+    return validate_config(config)
+
+
+def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> dict:
+    register_schemas()
+    if GlobalHydra.instance().is_initialized():
+        GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=list(overrides))
+    except (HydraException, OmegaConfBaseException) as e:
+        cause = f"\n{e.__cause__}" if e.__cause__ is not None else ""
+        raise ConfigError(f"invalid configuration: {e}{cause}") from e
+    return to_plain(cfg)

@@ -1,0 +1,55 @@
+"""The top container: composes models, cache and runtime from one plain config dict."""
+
+from operator import attrgetter
+
+from dependency_injector import containers, providers
+
+from containers import factories
+from containers.cache import CacheContainer
+from containers.models import ModelContainer
+from engine.attention.torch_native import TorchNativeBackend
+from engine.engine import Engine
+from engine.runner import ModelRunner
+from engine.sampling import Sampler
+from engine.scheduler import Scheduler
+from engine.stopping import StopChecker
+from engine.worker import DecodeWorker
+
+
+class EngineContainer(containers.DeclarativeContainer):
+    config = providers.Configuration(strict=True)
+
+    models = providers.Container(ModelContainer, config=config)
+    cache = providers.Container(
+        CacheContainer, config=config.cache, device=models.device, target_model=models.target_model,
+    )
+
+    # attention backends by name; each call builds a fresh backend (backends hold per-batch metadata)
+    target_attention_backend = providers.Selector(
+        config.attention.backend,
+        torch_native=providers.Factory(
+            TorchNativeBackend, head_dim=providers.Callable(factories.head_dim_of, models.target_model),
+        ),
+    )
+
+    target_runner = providers.Singleton(
+        ModelRunner, model=models.target_model, kv_pool=cache.target_pool, attn_backend=target_attention_backend,
+    )
+    sampler = providers.Singleton(Sampler)
+    worker = providers.Singleton(
+        DecodeWorker, runner=target_runner,
+        req_to_token=providers.Callable(attrgetter("table"), cache.req_to_token), sampler=sampler,
+    )
+    scheduler = providers.Singleton(
+        Scheduler, kv=cache.manager, max_running_requests=config.cache.max_running_requests,
+        max_prefill_tokens=config.cache.max_prefill_tokens,
+    )
+    stop_checker = providers.Singleton(
+        StopChecker, tokenizer=models.tokenizer, eos_token_ids=models.eos_token_ids,
+        max_context_len=cache.max_context_len,
+    )
+    default_sampling = providers.Factory(factories.sampling_params, config.sampling)
+    engine = providers.Singleton(
+        Engine, tokenizer=models.tokenizer, scheduler=scheduler, worker=worker, stop_checker=stop_checker,
+        default_sampling=default_sampling, seed=config.seed, device=models.device,
+    )

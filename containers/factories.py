@@ -1,0 +1,60 @@
+"""Small construction helpers the containers call: pure functions from config values to objects."""
+
+from pathlib import Path
+
+import torch
+
+from engine.cache.kv_pool import PagedKVPool
+from engine.errors import ConfigError
+from engine.models.config import DTYPES
+from engine.sampling_params import SamplingParams
+from engine.tokenizer import Tokenizer
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device=cuda but no CUDA device is available; allowed here: auto, cpu")
+    return torch.device(name)
+
+
+def load_tokenizer(path: str) -> Tokenizer | None:
+    """The checkpoint's tokenizer, or None when it ships none (token-id prompts still work)."""
+    if not (Path(path).expanduser() / "tokenizer.json").is_file():
+        return None
+    return Tokenizer.from_dir(Path(path).expanduser())
+
+
+def eos_token_ids(model, tokenizer: Tokenizer | None) -> tuple[int, ...]:
+    if model.config.eos_token_ids:
+        return model.config.eos_token_ids
+    return tokenizer.eos_token_ids if tokenizer is not None else ()
+
+
+def max_context_len(configured: int | None, model) -> int:
+    return configured or model.config.max_position_embeddings
+
+
+def num_pages(max_total_tokens: int, page_size: int) -> int:
+    return max_total_tokens // page_size
+
+
+def kv_pool_for(model, num_pages: int, page_size: int, device: torch.device) -> PagedKVPool:
+    cfg = model.config
+    dtype = model.model.embed_tokens.weight.dtype
+    return PagedKVPool(cfg.num_hidden_layers, num_pages, page_size, cfg.num_key_value_heads, cfg.head_dim, dtype, device)
+
+
+def head_dim_of(model) -> int:
+    return model.config.head_dim
+
+
+def sampling_params(sampling: dict) -> SamplingParams:
+    return SamplingParams(**sampling)
+
+
+def model_dtype(name: str) -> str:
+    if name != "auto" and name not in DTYPES:
+        raise ConfigError(f"model.dtype must be one of {['auto', *DTYPES]}, got {name!r}")
+    return name

@@ -1,0 +1,124 @@
+"""Structured schemas for the Hydra config tree: unknown keys and wrong types fail at composition.
+
+Enum fields list their allowed values in Hydra's own error message. Cross-field rules live in
+`containers.validation`.
+"""
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+class Device(str, Enum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class DType(str, Enum):
+    auto = "auto"
+    float32 = "float32"
+    float16 = "float16"
+    bfloat16 = "bfloat16"
+
+
+class AttentionBackendName(str, Enum):
+    torch_native = "torch_native"
+
+
+class SpeculativeAlgorithm(str, Enum):
+    none = "none"
+
+
+class DraftKind(str, Enum):
+    none = "none"
+
+
+class AttentionMode(str, Enum):
+    prefill = "prefill"
+    decode = "decode"
+
+
+class DraftSampling(str, Enum):
+    greedy = "greedy"
+    sample = "sample"
+
+
+class AdaptivePolicy(str, Enum):
+    off = "off"
+
+
+@dataclass
+class ModelConfig:
+    path: str = MISSING  # a Hugging Face Llama directory
+    dtype: DType = DType.auto  # auto = the checkpoint's torch_dtype
+
+
+@dataclass
+class DraftConfig:
+    kind: DraftKind = DraftKind.none
+    path: Optional[str] = None
+
+
+@dataclass
+class SpeculativeConfig:
+    algorithm: SpeculativeAlgorithm = SpeculativeAlgorithm.none
+    num_steps: int = 0
+    topk: int = 1
+    num_draft_tokens: int = 1  # counts the root (bonus) token: topk=1 -> num_steps + 1
+    attention_mode: AttentionMode = AttentionMode.prefill
+    draft_attention_backend: Optional[AttentionBackendName] = None
+    draft_sampling: DraftSampling = DraftSampling.greedy
+
+
+@dataclass
+class AttentionConfig:
+    backend: AttentionBackendName = AttentionBackendName.torch_native
+
+
+@dataclass
+class AdaptiveConfig:
+    policy: AdaptivePolicy = AdaptivePolicy.off
+
+
+@dataclass
+class SamplingConfig:
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: Optional[int] = None
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+
+
+@dataclass
+class CacheConfig:
+    page_size: int = 16
+    max_total_tokens: int = 32768  # KV pool size in tokens (rounded down to whole pages)
+    max_running_requests: int = 64
+    max_prefill_tokens: int = 8192  # prompt tokens admitted per step (a longer prompt runs alone)
+    max_context_len: Optional[int] = None  # default: the model's max_position_embeddings
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    draft: DraftConfig = field(default_factory=DraftConfig)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    device: Device = Device.auto
+    seed: int = 0
+    prompt: Optional[str] = None
+    prompts_file: Optional[str] = None  # one prompt per line, or JSONL with a "prompt" field
+    print_outputs: bool = True
+
+
+def register_schemas() -> None:
+    ConfigStore.instance().store(name="config_schema", node=Config)

@@ -1,0 +1,35 @@
+"""Page allocator with exact accounting: every page is either free or owned by exactly one request."""
+
+from engine.errors import EyasError
+
+
+class PageAllocator:
+    def __init__(self, num_pages: int):
+        self.num_pages = num_pages
+        self._free = list(range(num_pages - 1, -1, -1))  # a stack: pop() hands out page 0 first
+        self._owned: set[int] = set()
+
+    @property
+    def num_free_pages(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used_pages(self) -> int:
+        return len(self._owned)
+
+    def can_allocate(self, num_pages: int) -> bool:
+        return num_pages <= len(self._free)
+
+    def allocate(self, num_pages: int) -> list[int]:
+        if not self.can_allocate(num_pages):
+            raise EyasError(f"KV pool exhausted: asked {num_pages} pages, {len(self._free)} free")
+        pages = [self._free.pop() for _ in range(num_pages)]
+        self._owned.update(pages)
+        return pages
+
+    def free(self, pages: list[int]) -> None:
+        for page in pages:
+            if page not in self._owned:
+                raise EyasError(f"page {page} freed twice or never allocated")
+            self._owned.remove(page)
+            self._free.append(page)

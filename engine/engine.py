@@ -1,0 +1,117 @@
+"""The engine: turns prompts into requests and steps schedule -> worker -> stop checks until all end."""
+
+import time
+
+import torch
+
+from engine.errors import ConfigError
+from engine.metrics import EngineMetrics
+from engine.outputs import RequestOutput
+from engine.request import Request
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.stopping import StopChecker
+from engine.tokenizer import Tokenizer
+
+
+class Engine:
+    def __init__(self, tokenizer: Tokenizer | None, scheduler: Scheduler, worker, stop_checker: StopChecker,
+                 default_sampling: SamplingParams, seed: int, device: torch.device):
+        self.tokenizer = tokenizer
+        self.scheduler = scheduler
+        self.worker = worker
+        self.stop_checker = stop_checker
+        self.default_sampling = default_sampling
+        self.device = torch.device(device)
+        self._seeds = torch.Generator().manual_seed(seed)  # seeds of requests that bring none
+        self._metrics = EngineMetrics()
+        self._next_id = 0
+        self.closed = False
+
+    def generate(self, prompts: str | list[str] | None = None,
+                 sampling: SamplingParams | list[SamplingParams] | None = None,
+                 prompt_token_ids: list[list[int]] | None = None) -> list[RequestOutput]:
+        """Generate for every prompt (text or token ids); outputs come back in the prompts' order."""
+        if self.closed:
+            raise RuntimeError("engine is closed")
+        requests = self._make_requests(prompts, sampling, prompt_token_ids)
+        start = time.perf_counter()
+        for request in requests:
+            self.scheduler.add(request)
+        while self.scheduler.has_work():
+            self.step()
+        self._metrics.generate_time_s += time.perf_counter() - start
+        return [self._output(r) for r in requests]
+
+    def step(self) -> None:
+        running = self.scheduler.schedule()
+        new_tokens = self.worker.step(running)
+        for request, tokens in zip(running, new_tokens):
+            request.num_forward_steps += 1
+            for token in tokens:
+                if self.stop_checker.append(request, token):
+                    break
+        self._metrics.forward_steps += 1
+        self.scheduler.release_finished()
+
+    def metrics(self) -> dict:
+        return {**self._metrics.as_dict(), **self.worker.stats()}
+
+    def close(self) -> None:
+        self.closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _make_requests(self, prompts, sampling, prompt_token_ids) -> list[Request]:
+        if (prompts is None) == (prompt_token_ids is None):
+            raise ConfigError("generate() takes exactly one of `prompts` (text) or `prompt_token_ids`")
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        if prompts is not None and self.tokenizer is None:
+            raise ConfigError("this model has no tokenizer.json: pass prompt_token_ids instead of text prompts")
+        n = len(prompts) if prompts is not None else len(prompt_token_ids)
+        params = sampling if isinstance(sampling, list) else [sampling or self.default_sampling] * n
+        if len(params) != n:
+            raise ConfigError(f"sampling: got {len(params)} SamplingParams for {n} prompts")
+        requests = []
+        for i in range(n):
+            p = params[i]
+            p.validate()
+            ids = self.tokenizer.encode(prompts[i]) if prompts is not None else [int(t) for t in prompt_token_ids[i]]
+            seed = p.seed if p.seed is not None else int(torch.randint(0, 2**62, (1,), generator=self._seeds))
+            generator = None if p.greedy else torch.Generator(device=self.device).manual_seed(seed)
+            prompt = prompts[i] if prompts is not None else None
+            requests.append(Request(self._next_id, ids, p, prompt=prompt, generator=generator))
+            self._next_id += 1
+        self._metrics.num_requests += n
+        return requests
+
+    def _output(self, request: Request) -> RequestOutput:
+        text = self.tokenizer.decode(request.output_ids) if self.tokenizer is not None else ""
+        if request.stop_text_end is not None:
+            text = text[:request.stop_text_end]
+        if request.finish_reason == "error":
+            self._metrics.num_failed += 1
+        else:
+            self._metrics.num_finished += 1
+            self._metrics.prompt_tokens += len(request.prompt_ids)
+            self._metrics.generated_tokens += len(request.output_ids)
+        return RequestOutput(request.request_id, request.prompt, request.prompt_ids, text, list(request.output_ids),
+                             request.finish_reason, request.error, self._stats(request))
+
+    @staticmethod
+    def _stats(request: Request) -> dict:
+        latency = (request.finish_time or request.arrival_time) - request.arrival_time
+        stats = {
+            "prompt_tokens": len(request.prompt_ids),
+            "generated_tokens": len(request.output_ids),
+            "forward_steps": request.num_forward_steps,
+            "latency_s": latency,
+        }
+        if request.first_token_time is not None:
+            stats["time_to_first_token_s"] = request.first_token_time - request.arrival_time
+        return stats

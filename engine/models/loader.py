@@ -1,0 +1,93 @@
+"""Load a Hugging Face Llama directory: config.json, (sharded) safetensors, tokenizer.json."""
+
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from engine.errors import CheckpointError
+from engine.models.config import DTYPES, LlamaConfig, load_llama_config, read_json
+from engine.models.llama import LlamaForCausalLM
+
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def checkpoint_dir(path: str | Path) -> Path:
+    directory = Path(path).expanduser()
+    if not directory.is_dir():
+        raise CheckpointError(f"checkpoint directory not found: {directory} (set model.path to a Hugging Face model directory)")
+    return directory
+
+
+def safetensors_files(directory: Path) -> list[Path]:
+    single = directory / "model.safetensors"
+    index = directory / "model.safetensors.index.json"
+    if single.is_file():
+        return [single]
+    if index.is_file():
+        shards = sorted(set(read_json(index).get("weight_map", {}).values()))
+        if not shards:
+            raise CheckpointError(f"{index}: empty weight_map")
+        missing = [s for s in shards if not (directory / s).is_file()]
+        if missing:
+            raise CheckpointError(f"{index}: missing shard files {missing} in {directory}")
+        return [directory / s for s in shards]
+    raise CheckpointError(f"missing file: neither {single.name} nor {index.name} in {directory}")
+
+
+def read_tensors(directory: Path) -> dict[str, torch.Tensor]:
+    tensors = {}
+    for file in safetensors_files(directory):
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():
+                    tensors[name] = f.get_tensor(name)
+        except (OSError, RuntimeError, ValueError) as e:
+            raise CheckpointError(f"cannot read {file}: {e}") from e
+    return tensors
+
+
+def resolve_dtype(name: str, config_dtype: str) -> torch.dtype:
+    if name == "auto":
+        return DTYPES[config_dtype]
+    return DTYPES[name]
+
+
+def assign_state(module: torch.nn.Module, tensors: dict, dtype: torch.dtype, device: torch.device, source: str):
+    """Check names and shapes against `module` (built on meta), then assign the tensors in place."""
+    expected = module.state_dict()
+    missing = [k for k in expected if k not in tensors]
+    if missing:
+        raise CheckpointError(f"{source}: missing tensors {missing[:8]}{' ...' if len(missing) > 8 else ''}")
+    unexpected = [k for k in tensors if k not in expected and not k.endswith(IGNORED_SUFFIXES)]
+    if unexpected:
+        raise CheckpointError(f"{source}: unexpected tensors {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}")
+    state = {}
+    for name, ref in expected.items():
+        tensor = tensors[name]
+        if tuple(tensor.shape) != tuple(ref.shape):
+            raise CheckpointError(
+                f"{source}: tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(ref.shape)}"
+            )
+        state[name] = tensor.to(device=device, dtype=dtype)
+    module.load_state_dict(state, assign=True)
+
+
+def load_llama(path: str | Path, dtype: str = "auto", device: str | torch.device = "cpu") -> LlamaForCausalLM:
+    directory = checkpoint_dir(path)
+    config: LlamaConfig = load_llama_config(directory)
+    torch_dtype = resolve_dtype(dtype, config.torch_dtype)
+    device = torch.device(device)
+    tensors = read_tensors(directory)
+    if config.tie_word_embeddings or "lm_head.weight" not in tensors:
+        if not config.tie_word_embeddings:
+            raise CheckpointError(f"{directory}: missing tensors ['lm_head.weight'] (and tie_word_embeddings is false)")
+        if "model.embed_tokens.weight" in tensors:
+            tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    assign_state(model, tensors, torch_dtype, device, str(directory))
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.model.rotary.reset(device)
+    return model.eval().requires_grad_(False)

@@ -1,0 +1,57 @@
+"""One generation request and its life cycle: waiting -> running -> finished."""
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.sampling_params import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    prompt: str | None = None
+    generator: torch.Generator | None = None
+    output_ids: list[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    row: int | None = None  # row in the request-to-token table while running
+    num_computed: int = 0  # tokens whose KV is committed
+    finish_reason: str | None = None  # "stop" | "length" | "error"
+    error: str | None = None
+    stop_text_end: int | None = None  # text is cut here when a stop string matched
+    num_forward_steps: int = 0
+    arrival_time: float = field(default_factory=time.perf_counter)
+    first_token_time: float | None = None
+    finish_time: float | None = None
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def uncomputed_ids(self) -> list[int]:
+        return self.all_ids[self.num_computed:]
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    def fail(self, message: str) -> None:
+        self.status = Status.FINISHED
+        self.finish_reason = "error"
+        self.error = message
+        self.finish_time = time.perf_counter()

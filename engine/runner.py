@@ -1,0 +1,38 @@
+"""ModelRunner: one model forward for a batch, with the attention backend bound to this runner."""
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.cache.kv_pool import PagedKVPool
+from engine.forward_batch import ForwardBatch
+
+
+@dataclass
+class ForwardOutput:
+    logits: torch.Tensor  # [M, V] float32, rows chosen by `logits_indices`
+    hidden: torch.Tensor  # [N, H] final hidden state of every new token
+    aux_hidden: list[torch.Tensor]  # per aux layer: [N, H]
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, kv_pool: PagedKVPool, attn_backend, aux_layer_ids: tuple[int, ...] = ()):
+        self.model = model
+        self.kv_pool = kv_pool
+        self.attn_backend = attn_backend
+        self.aux_layer_ids = tuple(aux_layer_ids)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, logits_indices: torch.Tensor | None = None) -> ForwardOutput:
+        """Run the model over `batch`; logits for `logits_indices` (default: each request's last token)."""
+        batch.kv_pool = self.kv_pool
+        batch.attn_backend = self.attn_backend
+        self.attn_backend.init_forward_metadata(batch)
+        hidden, aux = self.model(batch.input_ids, batch.positions, batch, self.aux_layer_ids)
+        if logits_indices is None:
+            logits_indices = batch.last_token_indices
+        return ForwardOutput(self.model.compute_logits(hidden[logits_indices]), hidden, aux)

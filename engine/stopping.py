@@ -1,0 +1,39 @@
+"""Stop conditions, checked token by token: eos, max_new_tokens, stop strings, context length."""
+
+import time
+
+from engine.request import Request, Status
+from engine.tokenizer import Tokenizer
+
+
+class StopChecker:
+    def __init__(self, tokenizer: Tokenizer | None, eos_token_ids: tuple[int, ...], max_context_len: int):
+        self.tokenizer = tokenizer
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.max_context_len = max_context_len
+
+    def append(self, request: Request, token: int) -> bool:
+        """Append one generated token; return True when the request is finished by it."""
+        request.output_ids.append(token)
+        if request.first_token_time is None:
+            request.first_token_time = time.perf_counter()
+        reason = self._reason(request, token)
+        if reason is not None:
+            request.status = Status.FINISHED
+            request.finish_reason = reason
+            request.finish_time = time.perf_counter()
+        return reason is not None
+
+    def _reason(self, request: Request, token: int) -> str | None:
+        params = request.params
+        if not params.ignore_eos and token in self.eos_token_ids:
+            return "stop"
+        if params.stop and self.tokenizer is not None:
+            text = self.tokenizer.decode(request.output_ids)
+            hits = [i for i in (text.find(s) for s in params.stop) if i >= 0]
+            if hits:
+                request.stop_text_end = min(hits)
+                return "stop"
+        if len(request.output_ids) >= params.max_new_tokens or request.seq_len >= self.max_context_len:
+            return "length"
+        return None

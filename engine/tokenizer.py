@@ -1,0 +1,49 @@
+"""Text <-> token ids through a Hugging Face `tokenizer.json` (the `tokenizers` library)."""
+
+from pathlib import Path
+
+from tokenizers import Tokenizer as HFTokenizer
+
+from engine.errors import CheckpointError
+from engine.models.config import read_json
+
+EOS_NAMES = ("</s>", "<|end_of_text|>", "<|eot_id|>", "<|endoftext|>", "<eos>")
+
+
+class Tokenizer:
+    def __init__(self, tokenizer: HFTokenizer, eos_token_ids: tuple[int, ...]):
+        self._tok = tokenizer
+        self.eos_token_ids = eos_token_ids
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> "Tokenizer":
+        directory = Path(path)
+        file = directory / "tokenizer.json"
+        if not file.is_file():
+            raise CheckpointError(f"missing file: {file}")
+        try:
+            tok = HFTokenizer.from_file(str(file))
+        except Exception as e:  # the Rust library raises a bare Exception
+            raise CheckpointError(f"cannot read {file}: {e}") from e
+        return cls(tok, cls._eos_from_files(directory, tok))
+
+    @staticmethod
+    def _eos_from_files(directory: Path, tok: HFTokenizer) -> tuple[int, ...]:
+        config_file = directory / "tokenizer_config.json"
+        if config_file.is_file():
+            eos = read_json(config_file).get("eos_token")
+            if isinstance(eos, dict):
+                eos = eos.get("content")
+            if isinstance(eos, str) and tok.token_to_id(eos) is not None:
+                return (tok.token_to_id(eos),)
+        return tuple(tok.token_to_id(n) for n in EOS_NAMES if tok.token_to_id(n) is not None)[:1]
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=True).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=True)

@@ -1,0 +1,1 @@
+"""Triton kernels, each behind a torch-facing wrapper."""

@@ -1,0 +1,38 @@
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # tests/checkpoints.py
+
+from checkpoints import write_llama  # noqa: E402
+
+# name -> write_llama kwargs. `gqa` and `tied_llama3` are the oracle pair of the foundation tests.
+CHECKPOINTS = {
+    "gqa": dict(num_heads=4, num_kv_heads=2, tie=False, rope_theta=500000.0, seed=1),
+    "tied_llama3": dict(
+        num_heads=4, num_kv_heads=4, tie=True, seed=2,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 64},
+    ),
+    "linear_bias": dict(num_heads=4, num_kv_heads=1, attention_bias=True, seed=3,
+                        rope_scaling={"rope_type": "linear", "factor": 2.0}),
+}
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory):
+    """checkpoint(name) -> directory of a tiny random HF Llama, written once per session."""
+    cache = {}
+
+    def get(name: str) -> Path:
+        if name not in cache:
+            cache[name] = write_llama(tmp_path_factory.mktemp(name), **CHECKPOINTS[name])
+        return cache[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def gqa_checkpoint(checkpoint) -> Path:
+    return checkpoint("gqa")

@@ -1,0 +1,71 @@
+"""The Hydra command line: a run prints and writes its outputs; a multirun sweep runs end to end."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from containers.cli import quote_free_text, run
+from containers.compose import compose_config
+from engine import ConfigError
+
+
+def test_run_prints_completion_and_summary_and_writes_json(gqa_checkpoint, tmp_path):
+    config = compose_config([f"model.path={gqa_checkpoint}", "prompt='def add(a, b):'", "sampling.max_new_tokens=8",
+                             "sampling.ignore_eos=true"])
+    console = Console(record=True, width=200)
+    result = run(config, tmp_path, console)
+    printed = console.export_text()
+    assert "def add(a, b):" in printed and "generated 8 tokens" in printed and "tok/s" in printed
+    saved = json.loads((tmp_path / "outputs.json").read_text())
+    assert saved["outputs"][0]["token_ids"] == result["outputs"][0]["token_ids"]
+    assert len(saved["outputs"][0]["token_ids"]) == 8 and saved["metrics"]["generated_tokens"] == 8
+
+
+def test_prompts_file_plain_and_jsonl(gqa_checkpoint, tmp_path):
+    plain = tmp_path / "prompts.txt"
+    plain.write_text("import os\n\nclass A:\n")
+    jsonl = tmp_path / "prompts.jsonl"
+    jsonl.write_text(json.dumps({"prompt": "def f():\n    return"}) + "\n")
+    for path, n in ((plain, 2), (jsonl, 1)):
+        config = compose_config([f"model.path={gqa_checkpoint}", f"prompts_file={path}", "prompt=null",
+                                 "sampling.max_new_tokens=3"])
+        assert len(run(config, None, Console(file=open(os.devnull, "w")))["outputs"]) == n
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "x"}\n')
+    config = compose_config([f"model.path={gqa_checkpoint}", f"prompts_file={bad}", "prompt=null"])
+    with pytest.raises(ConfigError, match="'prompt' field"):
+        run(config, None)
+
+
+def run_cli(*args, cwd):
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
+    return subprocess.run([sys.executable, "-m", "engine", *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.parametrize("text", ["def fib(n):", "a, b = 'x', \\'y\\'", "x = [1, 2]  # {dict}", "ends with \\"])
+def test_prompt_is_free_text_on_the_command_line(text):
+    args = quote_free_text([f"prompt={text}", "sampling.top_p=0.5"])
+    assert args[1] == "sampling.top_p=0.5"
+    config = compose_config(["model.path=/x", *args])
+    assert config["prompt"] == text
+
+
+def test_cli_bad_value_exits_with_message(tmp_path):
+    proc = run_cli("cache.page_size=0", "model.path=/x", cwd=tmp_path)
+    assert proc.returncode != 0 and "cache.page_size" in proc.stderr + proc.stdout
+
+
+def test_multirun_sweep_end_to_end(gqa_checkpoint, tmp_path):
+    proc = run_cli("-m", f"model.path={gqa_checkpoint}", "prompt=def fib(n):", "sampling.max_new_tokens=2,3", "cache=default,small",
+                   "sampling.ignore_eos=true", f"hydra.sweep.dir={tmp_path}/sweep", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    runs = sorted((tmp_path / "sweep").glob("*/outputs.json"))
+    assert len(runs) == 4
+    lengths = sorted(len(json.loads(p.read_text())["outputs"][0]["token_ids"]) for p in runs)
+    assert lengths == [2, 2, 3, 3]

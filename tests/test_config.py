@@ -1,0 +1,92 @@
+"""Every option of every config group composes and builds; invalid values fail at start, naming the field."""
+
+from pathlib import Path
+
+import pytest
+
+from containers.build import build_container
+from containers.compose import compose_config, config_dir
+from engine import ConfigError, build_engine
+
+GROUPS = ["model", "draft", "speculative", "attention", "adaptive", "sampling", "cache", "experiment"]
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (Path(config_dir()) / group).glob("*.yaml"))
+
+
+def test_config_tree_has_every_group():
+    for group in GROUPS:
+        assert options(group), f"conf/{group}/ has no option"
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in options(g)])
+def test_every_option_composes_and_builds(gqa_checkpoint, group, option):
+    config = compose_config([f"model.path={gqa_checkpoint}", f"{group}={option}"])
+    container = build_container(config)
+    engine = container.engine()
+    assert engine.scheduler.kv.allocator.num_pages == config["cache"]["max_total_tokens"] // config["cache"]["page_size"]
+    assert type(engine.worker.runner.attn_backend).name == config["attention"]["backend"]
+
+
+def test_composed_config_is_plain(gqa_checkpoint):
+    config = compose_config([f"model.path={gqa_checkpoint}"])
+    assert type(config) is dict and type(config["cache"]) is dict
+    assert config["attention"]["backend"] == "torch_native" and isinstance(config["attention"]["backend"], str)
+
+
+def test_experiment_overlay_overrides_globally(gqa_checkpoint):
+    config = compose_config([f"model.path={gqa_checkpoint}", "experiment=long_generation"])
+    assert config["sampling"]["max_new_tokens"] == 512
+
+
+INVALID = [
+    (["cache.page_size=0"], "cache.page_size"),
+    (["cache.max_total_tokens=8", "cache.page_size=16"], "cache.max_total_tokens"),
+    (["cache.max_running_requests=0"], "cache.max_running_requests"),
+    (["cache.max_prefill_tokens=-5"], "cache.max_prefill_tokens"),
+    (["cache.max_context_len=1"], "cache.max_context_len"),
+    (["cache.page_size=abc"], "page_size"),
+    (["cache.bogus=1"], "bogus"),
+    (["sampling.temperature=-0.5"], "sampling.temperature"),
+    (["sampling.top_p=0"], "sampling.top_p"),
+    (["sampling.top_p=1.5"], "sampling.top_p"),
+    (["sampling.top_k=-1"], "sampling.top_k"),
+    (["sampling.max_new_tokens=0"], "sampling.max_new_tokens"),
+    (["sampling.seed=-3"], "sampling.seed"),
+    (["attention.backend=flash"], "attention.backend"),
+    (["model.dtype=int8"], "model.dtype"),
+    (["device=tpu"], "device"),
+    (["speculative.num_steps=3"], "speculative.num_steps"),
+    (["speculative.topk=0"], "speculative.topk"),
+    (["speculative.num_draft_tokens=4"], "speculative.num_draft_tokens"),
+    (["speculative.attention_mode=sideways"], "speculative.attention_mode"),
+    (["adaptive.policy=magic"], "adaptive.policy"),
+    (["prompts_file=/tmp/x.txt"], "prompts_file"),
+    (["seed=-1"], "seed"),
+    (["attention=flash"], "attention"),
+]
+
+
+@pytest.mark.parametrize("overrides,field", INVALID, ids=[" ".join(o) for o, _ in INVALID])
+def test_invalid_values_fail_naming_the_field(gqa_checkpoint, overrides, field):
+    with pytest.raises(ConfigError) as info:
+        compose_config([f"model.path={gqa_checkpoint}", *overrides])
+    assert field in str(info.value)
+
+
+def test_enum_errors_list_allowed_values(gqa_checkpoint):
+    with pytest.raises(ConfigError, match="torch_native"):
+        compose_config([f"model.path={gqa_checkpoint}", "attention.backend=flash"])
+
+
+def test_missing_model_path_names_it():
+    with pytest.raises(ConfigError, match="model.path"):
+        compose_config([])
+
+
+def test_build_engine_rejects_bad_checkpoint_path():
+    from engine import CheckpointError
+
+    with pytest.raises(CheckpointError, match="model.path"):
+        build_engine(["model.path=/no/such/dir"])

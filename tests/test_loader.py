@@ -1,0 +1,131 @@
+"""Checkpoint loading: layouts that work, and clear errors for those that cannot."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from checkpoints import write_llama
+from engine import CheckpointError, ConfigError, SamplingParams, build_engine
+from engine.models.loader import load_llama
+
+
+def copy_checkpoint(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+def edit_config(path, **changes):
+    config = json.loads((path / "config.json").read_text())
+    config.update(changes)
+    (path / "config.json").write_text(json.dumps(config))
+
+
+def edit_tensors(path, fn):
+    tensors = load_file(path / "model.safetensors")
+    fn(tensors)
+    save_file(tensors, path / "model.safetensors")
+
+
+def test_sharded_checkpoint_equals_single(tmp_path):
+    single = write_llama(tmp_path / "single", seed=5)
+    sharded = write_llama(tmp_path / "sharded", seed=5, max_shard_size="100KB")
+    assert (sharded / "model.safetensors.index.json").is_file()
+    assert not (sharded / "model.safetensors").exists()
+    a, b = load_llama(single), load_llama(sharded)
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert torch.equal(x, y), name
+
+
+def test_dtype_comes_from_config(tmp_path):
+    path = write_llama(tmp_path / "bf16", dtype=torch.bfloat16, with_tokenizer=False)
+    edit_config(path, dtype="bfloat16", torch_dtype="bfloat16")
+    assert load_llama(path).lm_head.weight.dtype == torch.bfloat16
+    assert load_llama(path, dtype="float32").lm_head.weight.dtype == torch.float32
+
+
+def test_tied_head_shares_embedding(checkpoint):
+    model = load_llama(checkpoint("tied_llama3"))
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+
+
+def test_missing_directory():
+    with pytest.raises(CheckpointError, match="checkpoint directory not found"):
+        load_llama("/no/such/checkpoint")
+
+
+def test_missing_config(gqa_checkpoint, tmp_path):
+    path = copy_checkpoint(gqa_checkpoint, tmp_path / "c")
+    (path / "config.json").unlink()
+    with pytest.raises(CheckpointError, match="missing file: .*config.json"):
+        load_llama(path)
+
+
+def test_missing_weights(gqa_checkpoint, tmp_path):
+    path = copy_checkpoint(gqa_checkpoint, tmp_path / "c")
+    (path / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="model.safetensors"):
+        load_llama(path)
+
+
+def test_missing_shard(tmp_path):
+    path = write_llama(tmp_path / "sharded", max_shard_size="100KB", with_tokenizer=False)
+    shard = json.loads((path / "model.safetensors.index.json").read_text())["weight_map"]["lm_head.weight"]
+    (path / shard).unlink()
+    with pytest.raises(CheckpointError, match="missing shard files"):
+        load_llama(path)
+
+
+def test_unsupported_architecture(gqa_checkpoint, tmp_path):
+    path = copy_checkpoint(gqa_checkpoint, tmp_path / "c")
+    edit_config(path, architectures=["GPT2LMHeadModel"], model_type="gpt2")
+    with pytest.raises(CheckpointError, match="unsupported architecture.*LlamaForCausalLM"):
+        load_llama(path)
+
+
+def test_unsupported_rope_type(gqa_checkpoint, tmp_path):
+    path = copy_checkpoint(gqa_checkpoint, tmp_path / "c")
+    edit_config(path, rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0})
+    with pytest.raises(CheckpointError, match="rope_type 'yarn'.*allowed"):
+        load_llama(path)
+
+
+def test_wrong_shape_names_tensor(gqa_checkpoint, tmp_path):
+    path = copy_checkpoint(gqa_checkpoint, tmp_path / "c")
+    name = "model.layers.1.mlp.up_proj.weight"
+    edit_tensors(path, lambda t: t.__setitem__(name, t[name][:, :10].contiguous()))
+    with pytest.raises(CheckpointError, match=f"'{name}' has shape"):
+        load_llama(path)
+
+
+def test_missing_tensor_names_it(gqa_checkpoint, tmp_path):
+    path = copy_checkpoint(gqa_checkpoint, tmp_path / "c")
+    edit_tensors(path, lambda t: t.pop("model.layers.0.self_attn.k_proj.weight"))
+    with pytest.raises(CheckpointError, match="missing tensors.*model.layers.0.self_attn.k_proj.weight"):
+        load_llama(path)
+
+
+def test_untied_checkpoint_without_head(gqa_checkpoint, tmp_path):
+    path = copy_checkpoint(gqa_checkpoint, tmp_path / "c")
+    edit_tensors(path, lambda t: t.pop("lm_head.weight"))
+    with pytest.raises(CheckpointError, match="lm_head.weight"):
+        load_llama(path)
+
+
+def test_without_tokenizer_token_ids_work_and_text_fails_clearly(tmp_path):
+    path = write_llama(tmp_path / "notok", with_tokenizer=False)
+    with build_engine([f"model.path={path}"]) as eng:
+        out = eng.generate(prompt_token_ids=[[0, 5, 6]], sampling=SamplingParams(max_new_tokens=3, ignore_eos=True))
+        assert len(out[0].token_ids) == 3
+        with pytest.raises(ConfigError, match="tokenizer.json"):
+            eng.generate(["hello"])
+
+
+def test_eos_ids_from_generation_config(gqa_checkpoint, tmp_path):
+    path = copy_checkpoint(gqa_checkpoint, tmp_path / "c")
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, 7]}))
+    from engine.models.config import load_llama_config
+
+    assert load_llama_config(path).eos_token_ids == (1, 7)

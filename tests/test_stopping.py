@@ -1,0 +1,40 @@
+"""Each request ends on its own stop: eos, stop string, max_new_tokens."""
+
+from engine import SamplingParams, build_engine
+
+PROMPTS = ["def add(a, b):", "import os", "class Point:", "for i in"]
+
+
+def test_stop_conditions(gqa_checkpoint):
+    with build_engine([f"model.path={gqa_checkpoint}"]) as eng:
+        free = eng.generate(PROMPTS, SamplingParams(max_new_tokens=30, ignore_eos=True))
+        eos = eng.stop_checker.eos_token_ids
+        assert eos == {1}  # from config.json
+
+        # eos: pick a token the free run emits and declare it eos for this engine
+        victim = free[0].token_ids[5]
+        eng.stop_checker.eos_token_ids = frozenset({victim})
+        by_eos = eng.generate(PROMPTS, SamplingParams(max_new_tokens=30))
+        first = free[0].token_ids.index(victim)
+        assert by_eos[0].token_ids == free[0].token_ids[:first + 1]
+        assert by_eos[0].finish_reason == "stop"
+        ignored = eng.generate(PROMPTS[:1], SamplingParams(max_new_tokens=30, ignore_eos=True))
+        assert ignored[0].token_ids == free[0].token_ids
+        eng.stop_checker.eos_token_ids = frozenset(eos)
+
+        # stop string: a piece of the free run's text
+        text = free[2].text
+        stop = text[10:13]
+        by_stop = eng.generate(PROMPTS, [SamplingParams(max_new_tokens=30, ignore_eos=True, stop=[stop])
+                                         if i == 2 else SamplingParams(max_new_tokens=7, ignore_eos=True)
+                                         for i in range(4)])
+        cut = text.find(stop)
+        assert by_stop[2].text == text[:cut] and by_stop[2].finish_reason == "stop"
+        assert free[2].token_ids[:len(by_stop[2].token_ids)] == by_stop[2].token_ids
+        assert eng.tokenizer.decode(by_stop[2].token_ids).find(stop) >= 0
+        assert eng.tokenizer.decode(by_stop[2].token_ids[:-1]).find(stop) < 0  # ended at the first match
+
+        # max_new_tokens, per request
+        assert [len(o.token_ids) for i, o in enumerate(by_stop) if i != 2] == [7, 7, 7]
+        assert all(o.finish_reason == "length" for i, o in enumerate(by_stop) if i != 2)
+        assert [o.token_ids for i, o in enumerate(by_stop) if i != 2] == [free[i].token_ids[:7] for i in (0, 1, 3)]
