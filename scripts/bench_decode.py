@@ -45,6 +45,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=2, help="timed runs per side and batch size; best is kept")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs per side and batch size")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch.set_num_threads for both sides (default: torch's); 1 is steadier on a busy machine")
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompts (and random checkpoint)")
     return p.parse_args()
 
@@ -97,7 +99,7 @@ def hf_generate(model, prompts: list[list[int]], max_new_tokens: int, device: st
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
     with torch.inference_mode():
         out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
-                             use_cache=True, pad_token_id=0)
+                             use_cache=True)
     return out[:, width:].tolist()  # [B, max_new_tokens] generated ids only
 
 
@@ -130,6 +132,8 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> str:
 
 def main() -> None:
     args = parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b.strip()]
     n = args.max_new_tokens
     tmp = None
