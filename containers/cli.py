@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 from rich.console import Console
 
 from containers.build import build_container
-from containers.compose import config_dir, to_plain
+from containers.compose import config_dir, register_resolvers, to_plain
 from containers.schema import register_schemas
 from engine.errors import ConfigError, EyasError
 from engine.sampling_params import SamplingParams
@@ -77,6 +77,7 @@ def run(config: dict, output_dir: str | Path | None = None, console: Console | N
 
 
 register_schemas()
+register_resolvers()
 
 
 @hydra.main(config_path=config_dir(), config_name="config", version_base="1.3")

@@ -11,6 +11,7 @@ from omegaconf.errors import OmegaConfBaseException
 import engine
 from containers.schema import register_schemas
 from containers.validation import validate_config
+from engine.assets import asset_path
 from engine.errors import ConfigError
 
 
@@ -20,6 +21,12 @@ def config_dir() -> str:
     if (installed / "config.yaml").is_file():
         return str(installed)
     return str(Path(__file__).resolve().parent.parent / "conf")
+
+
+def register_resolvers() -> None:
+    """`${asset:target}` in a config names a model shipped inside the package."""
+    if not OmegaConf.has_resolver("asset"):
+        OmegaConf.register_new_resolver("asset", asset_path)
 
 
 def to_plain(cfg: DictConfig) -> dict:
@@ -34,6 +41,7 @@ def to_plain(cfg: DictConfig) -> dict:
 
 def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> dict:
     register_schemas()
+    register_resolvers()
     if GlobalHydra.instance().is_initialized():
         GlobalHydra.instance().clear()
     try:

@@ -7,11 +7,13 @@ from dependency_injector import containers, providers
 from containers import factories
 from containers.cache import CacheContainer
 from containers.models import ModelContainer
+from containers.speculative import SpeculativeContainer
 from engine.attention.torch_native import TorchNativeBackend
 from engine.engine import Engine
 from engine.runner import ModelRunner
 from engine.sampling import Sampler
 from engine.scheduler import Scheduler
+from engine.speculative.worker import EagleWorker
 from engine.stopping import StopChecker
 from engine.worker import DecodeWorker
 
@@ -20,8 +22,11 @@ class EngineContainer(containers.DeclarativeContainer):
     config = providers.Configuration(strict=True)
 
     models = providers.Container(ModelContainer, config=config)
+    lookahead_tokens = providers.Callable(
+        factories.lookahead_tokens, config.speculative.algorithm, config.speculative.num_steps)
     cache = providers.Container(
         CacheContainer, config=config.cache, device=models.device, target_model=models.target_model,
+        lookahead_tokens=lookahead_tokens,
     )
 
     # attention backends by name; each call builds a fresh backend (backends hold per-batch metadata)
@@ -36,13 +41,21 @@ class EngineContainer(containers.DeclarativeContainer):
         ModelRunner, model=models.target_model, kv_pool=cache.target_pool, attn_backend=target_attention_backend,
     )
     sampler = providers.Singleton(Sampler)
-    worker = providers.Singleton(
-        DecodeWorker, runner=target_runner,
-        req_to_token=providers.Callable(attrgetter("table"), cache.req_to_token), sampler=sampler,
+    req_to_token = providers.Callable(attrgetter("table"), cache.req_to_token)
+    speculative = providers.Container(
+        SpeculativeContainer, config=config, device=models.device, target_model=models.target_model,
+        num_pages=cache.num_pages, req_to_token=req_to_token,
     )
+    decode_worker = providers.Singleton(DecodeWorker, runner=target_runner, req_to_token=req_to_token, sampler=sampler)
+    eagle_worker = providers.Singleton(
+        EagleWorker, target_runner=target_runner, draft_worker=speculative.draft_worker, req_to_token=req_to_token,
+        sampler=sampler, num_steps=config.speculative.num_steps,
+    )
+    # the draft head must load before the target runs: it chooses which target layers to capture
+    worker = providers.Selector(config.speculative.algorithm, none=decode_worker, eagle=eagle_worker, eagle3=eagle_worker)
     scheduler = providers.Singleton(
         Scheduler, kv=cache.manager, max_running_requests=config.cache.max_running_requests,
-        max_prefill_tokens=config.cache.max_prefill_tokens,
+        max_prefill_tokens=config.cache.max_prefill_tokens, lookahead_tokens=lookahead_tokens,
     )
     stop_checker = providers.Singleton(
         StopChecker, tokenizer=models.tokenizer, eos_token_ids=models.eos_token_ids,

@@ -58,3 +58,37 @@ def model_dtype(name: str) -> str:
     if name != "auto" and name not in DTYPES:
         raise ConfigError(f"model.dtype must be one of {['auto', *DTYPES]}, got {name!r}")
     return name
+
+
+def lookahead_tokens(algorithm: str, num_steps: int) -> int:
+    """KV positions a speculative step may write past the committed length (the verify chain)."""
+    return 0 if algorithm == "none" else num_steps + 1
+
+
+def table_width(max_context_len: int, lookahead: int) -> int:
+    return max_context_len + lookahead
+
+
+def backend_or_default(name: str | None, default: str) -> str:
+    return name or default
+
+
+def model_dtype_of(model) -> torch.dtype:
+    return next(p for p in model.parameters() if p.is_floating_point()).dtype
+
+
+def draft_kv_pool(draft, num_pages: int, page_size: int, device: torch.device) -> PagedKVPool:
+    cfg = draft.config
+    return PagedKVPool(1, num_pages, page_size, cfg.num_key_value_heads, cfg.head_dim, model_dtype_of(draft), device)
+
+
+def hidden_size_of(model) -> int:
+    return model.config.hidden_size
+
+
+def vocab_size_of(model) -> int:
+    return model.config.vocab_size
+
+
+def draft_state_kind(chain_fast_path: bool) -> str:
+    return "fast" if chain_fast_path else "general"

@@ -31,10 +31,14 @@ class AttentionBackendName(str, Enum):
 
 class SpeculativeAlgorithm(str, Enum):
     none = "none"
+    eagle = "eagle"
+    eagle3 = "eagle3"
 
 
 class DraftKind(str, Enum):
     none = "none"
+    eagle = "eagle"
+    eagle3 = "eagle3"
 
 
 class AttentionMode(str, Enum):
@@ -60,7 +64,8 @@ class ModelConfig:
 @dataclass
 class DraftConfig:
     kind: DraftKind = DraftKind.none
-    path: Optional[str] = None
+    path: Optional[str] = None  # a draft head directory in the published EAGLE / EAGLE-3 layout
+    dtype: DType = DType.auto  # auto = the target's
 
 
 @dataclass
@@ -68,15 +73,18 @@ class SpeculativeConfig:
     algorithm: SpeculativeAlgorithm = SpeculativeAlgorithm.none
     num_steps: int = 0
     topk: int = 1
-    num_draft_tokens: int = 1  # counts the root (bonus) token: topk=1 -> num_steps + 1
+    num_draft_tokens: Optional[int] = None  # counts the root (bonus) token; null: num_steps + 1 (topk=1)
     attention_mode: AttentionMode = AttentionMode.prefill
     draft_attention_backend: Optional[AttentionBackendName] = None
     draft_sampling: DraftSampling = DraftSampling.greedy
+    chain_fast_path: bool = True  # topk=1: preallocated per-slot draft state (false: per-request tensors)
 
 
 @dataclass
 class AttentionConfig:
     backend: AttentionBackendName = AttentionBackendName.torch_native
+    prefill_backend: Optional[AttentionBackendName] = None  # extend-like forwards; null = `backend`
+    decode_backend: Optional[AttentionBackendName] = None  # one-token forwards; null = `backend`
 
 
 @dataclass

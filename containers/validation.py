@@ -26,12 +26,21 @@ def validate_config(config: dict) -> dict:
     spec = config["speculative"]
     _positive(config, "speculative", "num_steps", minimum=0)
     _positive(config, "speculative", "topk", minimum=1)
+    if spec["num_draft_tokens"] is None and spec["topk"] == 1:
+        spec["num_draft_tokens"] = spec["num_steps"] + 1
     _positive(config, "speculative", "num_draft_tokens", minimum=1)
     if spec["algorithm"] == "none" and spec["num_steps"] != 0:
         raise ConfigError(
             f"speculative.num_steps must be 0 when speculative.algorithm is 'none', got {spec['num_steps']}; "
             "choose a speculative algorithm to draft tokens"
         )
+    if spec["algorithm"] != "none" and config["draft"]["kind"] != spec["algorithm"]:
+        raise ConfigError(
+            f"speculative.algorithm={spec['algorithm']!r} needs a draft head of the same kind, but "
+            f"draft.kind={config['draft']['kind']!r}; set draft={spec['algorithm']} (allowed: eagle, eagle3)"
+        )
+    if spec["topk"] != 1:
+        raise ConfigError(f"speculative.topk must be 1 (chain drafting), got {spec['topk']}; allowed: 1")
     if spec["topk"] == 1 and spec["num_draft_tokens"] != spec["num_steps"] + 1:
         raise ConfigError(
             f"speculative.num_draft_tokens must equal speculative.num_steps + 1 = {spec['num_steps'] + 1} "

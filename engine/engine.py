@@ -114,4 +114,6 @@ class Engine:
         }
         if request.first_token_time is not None:
             stats["time_to_first_token_s"] = request.first_token_time - request.arrival_time
+        if request.spec_counters.num_verify_cycles:
+            stats.update(request.spec_counters.as_dict())
         return stats

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.sampling_params import SamplingParams
+from engine.speculative.metrics import SpecCounters
 
 
 class Status(enum.Enum):
@@ -30,6 +31,7 @@ class Request:
     error: str | None = None
     stop_text_end: int | None = None  # text is cut here when a stop string matched
     num_forward_steps: int = 0
+    spec_counters: SpecCounters = field(default_factory=SpecCounters)
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     finish_time: float | None = None

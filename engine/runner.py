@@ -16,23 +16,27 @@ class ForwardOutput:
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, kv_pool: PagedKVPool, attn_backend, aux_layer_ids: tuple[int, ...] = ()):
+    def __init__(self, model: torch.nn.Module, kv_pool: PagedKVPool, attn_backend):
         self.model = model
         self.kv_pool = kv_pool
         self.attn_backend = attn_backend
-        self.aux_layer_ids = tuple(aux_layer_ids)
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch, logits_indices: torch.Tensor | None = None) -> ForwardOutput:
-        """Run the model over `batch`; logits for `logits_indices` (default: each request's last token)."""
+    def forward(self, batch: ForwardBatch, logits_indices: torch.Tensor | None = None, attn_backend=None,
+                **model_inputs) -> ForwardOutput:
+        """Run the model over `batch`; logits for `logits_indices` (default: each request's last token).
+
+        The forward runs on `self.attn_backend` unless a backend is passed (the draft decode steps
+        pass their per-step backend; everything else uses the bound one)."""
+        backend = self.attn_backend if attn_backend is None else attn_backend
         batch.kv_pool = self.kv_pool
-        batch.attn_backend = self.attn_backend
-        self.attn_backend.init_forward_metadata(batch)
-        hidden, aux = self.model(batch.input_ids, batch.positions, batch, self.aux_layer_ids)
+        batch.attn_backend = backend
+        backend.init_forward_metadata(batch)
+        hidden, aux = self.model(batch.input_ids, batch.positions, batch, **model_inputs)
         if logits_indices is None:
             logits_indices = batch.last_token_indices
         return ForwardOutput(self.model.compute_logits(hidden[logits_indices]), hidden, aux)

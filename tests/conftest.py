@@ -5,7 +5,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests/checkpoints.py
 
-from checkpoints import write_llama  # noqa: E402
+from checkpoints import write_eagle3_head, write_eagle_head, write_llama  # noqa: E402
+
+PLAIN = ["speculative=none", "draft=none"]  # the default config speculates with the shipped heads
 
 # name -> write_llama kwargs. `gqa` and `tied_llama3` are the oracle pair of the foundation tests.
 CHECKPOINTS = {
@@ -17,6 +19,9 @@ CHECKPOINTS = {
     ),
     "linear_bias": dict(num_heads=4, num_kv_heads=1, attention_bias=True, seed=3,
                         rope_scaling={"rope_type": "linear", "factor": 2.0}),
+    # layers add little to the residual stream: the next token depends mostly on the current one,
+    # so a head that reads only the token agrees with the target often (ragged acceptance)
+    "bigram": dict(num_layers=4, num_heads=4, num_kv_heads=2, residual_scale=0.003, init_std=0.3, seed=3),
 }
 
 
@@ -36,3 +41,19 @@ def checkpoint(tmp_path_factory):
 @pytest.fixture(scope="session")
 def gqa_checkpoint(checkpoint) -> Path:
     return checkpoint("gqa")
+
+
+@pytest.fixture(scope="session")
+def spec_pair(checkpoint, tmp_path_factory):
+    """(target, {"eagle": head, "eagle3": head}) in the published head layouts."""
+    target = checkpoint("bigram")
+    heads = {
+        "eagle": write_eagle_head(tmp_path_factory.mktemp("eagle"), target, token_only=True),
+        "eagle3": write_eagle3_head(tmp_path_factory.mktemp("eagle3"), target, draft_vocab_size=200),
+    }
+    return target, heads
+
+
+def spec_overrides(target, head, kind, num_steps, *extra):
+    return [f"model.path={target}", f"draft={kind}", f"draft.path={head}", f"speculative={kind}",
+            f"speculative.num_steps={num_steps}", f"speculative.num_draft_tokens={num_steps + 1}", *extra]

@@ -3,10 +3,11 @@
 import pytest
 
 from engine import ConfigError, RequestOutput, SamplingParams, build_engine
+from conftest import PLAIN
 
 
 def test_public_api(gqa_checkpoint):
-    eng = build_engine(overrides=[f"model.path={gqa_checkpoint}", "speculative=none"])
+    eng = build_engine(overrides=[*PLAIN, f"model.path={gqa_checkpoint}", "speculative=none"])
     outs = eng.generate(["def add(a, b):", "import os"], SamplingParams(max_new_tokens=6, temperature=0.0, ignore_eos=True))
     assert all(isinstance(o, RequestOutput) for o in outs)
     assert len(outs[0].token_ids) == 6 and isinstance(outs[0].text, str)
@@ -22,13 +23,13 @@ def test_public_api(gqa_checkpoint):
 
 
 def test_context_manager_and_default_sampling(gqa_checkpoint):
-    with build_engine([f"model.path={gqa_checkpoint}", "sampling.max_new_tokens=5", "sampling.ignore_eos=true"]) as eng:
+    with build_engine([*PLAIN, f"model.path={gqa_checkpoint}", "sampling.max_new_tokens=5", "sampling.ignore_eos=true"]) as eng:
         assert len(eng.generate("import os")[0].token_ids) == 5
     assert eng.closed
 
 
 def test_argument_errors(gqa_checkpoint):
-    with build_engine([f"model.path={gqa_checkpoint}"]) as eng:
+    with build_engine([*PLAIN, f"model.path={gqa_checkpoint}"]) as eng:
         with pytest.raises(ConfigError, match="exactly one"):
             eng.generate(["a"], prompt_token_ids=[[1]])
         with pytest.raises(ConfigError, match="2 prompts"):

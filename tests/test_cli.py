@@ -12,10 +12,11 @@ from rich.console import Console
 from containers.cli import quote_free_text, run
 from containers.compose import compose_config
 from engine import ConfigError
+from conftest import PLAIN
 
 
 def test_run_prints_completion_and_summary_and_writes_json(gqa_checkpoint, tmp_path):
-    config = compose_config([f"model.path={gqa_checkpoint}", "prompt='def add(a, b):'", "sampling.max_new_tokens=8",
+    config = compose_config([*PLAIN, f"model.path={gqa_checkpoint}", "prompt='def add(a, b):'", "sampling.max_new_tokens=8",
                              "sampling.ignore_eos=true"])
     console = Console(record=True, width=200)
     result = run(config, tmp_path, console)
@@ -32,12 +33,12 @@ def test_prompts_file_plain_and_jsonl(gqa_checkpoint, tmp_path):
     jsonl = tmp_path / "prompts.jsonl"
     jsonl.write_text(json.dumps({"prompt": "def f():\n    return"}) + "\n")
     for path, n in ((plain, 2), (jsonl, 1)):
-        config = compose_config([f"model.path={gqa_checkpoint}", f"prompts_file={path}", "prompt=null",
+        config = compose_config([*PLAIN, f"model.path={gqa_checkpoint}", f"prompts_file={path}", "prompt=null",
                                  "sampling.max_new_tokens=3"])
         assert len(run(config, None, Console(file=open(os.devnull, "w")))["outputs"]) == n
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "x"}\n')
-    config = compose_config([f"model.path={gqa_checkpoint}", f"prompts_file={bad}", "prompt=null"])
+    config = compose_config([*PLAIN, f"model.path={gqa_checkpoint}", f"prompts_file={bad}", "prompt=null"])
     with pytest.raises(ConfigError, match="'prompt' field"):
         run(config, None)
 
@@ -62,7 +63,7 @@ def test_cli_bad_value_exits_with_message(tmp_path):
 
 
 def test_multirun_sweep_end_to_end(gqa_checkpoint, tmp_path):
-    proc = run_cli("-m", f"model.path={gqa_checkpoint}", "prompt=def fib(n):", "sampling.max_new_tokens=2,3", "cache=default,small",
+    proc = run_cli("-m", *PLAIN, f"model.path={gqa_checkpoint}", "prompt=def fib(n):", "sampling.max_new_tokens=2,3", "cache=default,small",
                    "sampling.ignore_eos=true", f"hydra.sweep.dir={tmp_path}/sweep", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     runs = sorted((tmp_path / "sweep").glob("*/outputs.json"))

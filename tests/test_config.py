@@ -7,6 +7,7 @@ import pytest
 from containers.build import build_container
 from containers.compose import compose_config, config_dir
 from engine import ConfigError, build_engine
+from conftest import PLAIN
 
 GROUPS = ["model", "draft", "speculative", "attention", "adaptive", "sampling", "cache", "experiment"]
 
@@ -20,23 +21,44 @@ def test_config_tree_has_every_group():
         assert options(group), f"conf/{group}/ has no option"
 
 
+SPECULATIVE_GROUPS = {"draft", "speculative"}  # their options pair with each other on the shipped models
+
+
+def overrides_for(group: str, option: str, checkpoint) -> list[str]:
+    if group in SPECULATIVE_GROUPS:
+        kind = option if option != "none" else "none"
+        return [f"draft={kind}", f"speculative={kind}"]
+    return [*PLAIN, f"model.path={checkpoint}", f"{group}={option}"]
+
+
 @pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in options(g)])
 def test_every_option_composes_and_builds(gqa_checkpoint, group, option):
-    config = compose_config([f"model.path={gqa_checkpoint}", f"{group}={option}"])
+    config = compose_config(overrides_for(group, option, gqa_checkpoint))
     container = build_container(config)
     engine = container.engine()
     assert engine.scheduler.kv.allocator.num_pages == config["cache"]["max_total_tokens"] // config["cache"]["page_size"]
-    assert type(engine.worker.runner.attn_backend).name == config["attention"]["backend"]
+    runner = getattr(engine.worker, "target_runner", None) or engine.worker.runner
+    assert type(runner.attn_backend).name == config["attention"]["backend"]
+    if config["speculative"]["algorithm"] != "none":
+        assert engine.worker.draft_worker.model.kind == config["draft"]["kind"]
+
+
+def test_default_config_runs_eagle3_on_the_shipped_pair():
+    config = compose_config([])
+    assert config["speculative"]["algorithm"] == config["draft"]["kind"] == "eagle3"
+    engine = build_container(config).engine()
+    assert engine.worker.draft_worker.model.kind == "eagle3"
+    assert engine.worker.target_runner.model.config.num_hidden_layers >= 8
 
 
 def test_composed_config_is_plain(gqa_checkpoint):
-    config = compose_config([f"model.path={gqa_checkpoint}"])
+    config = compose_config([*PLAIN, f"model.path={gqa_checkpoint}"])
     assert type(config) is dict and type(config["cache"]) is dict
     assert config["attention"]["backend"] == "torch_native" and isinstance(config["attention"]["backend"], str)
 
 
 def test_experiment_overlay_overrides_globally(gqa_checkpoint):
-    config = compose_config([f"model.path={gqa_checkpoint}", "experiment=long_generation"])
+    config = compose_config([*PLAIN, f"model.path={gqa_checkpoint}", "experiment=long_generation"])
     assert config["sampling"]["max_new_tokens"] == 512
 
 
@@ -71,18 +93,18 @@ INVALID = [
 @pytest.mark.parametrize("overrides,field", INVALID, ids=[" ".join(o) for o, _ in INVALID])
 def test_invalid_values_fail_naming_the_field(gqa_checkpoint, overrides, field):
     with pytest.raises(ConfigError) as info:
-        compose_config([f"model.path={gqa_checkpoint}", *overrides])
+        compose_config([*PLAIN, f"model.path={gqa_checkpoint}", *overrides])
     assert field in str(info.value)
 
 
 def test_enum_errors_list_allowed_values(gqa_checkpoint):
     with pytest.raises(ConfigError, match="torch_native"):
-        compose_config([f"model.path={gqa_checkpoint}", "attention.backend=flash"])
+        compose_config([*PLAIN, f"model.path={gqa_checkpoint}", "attention.backend=flash"])
 
 
 def test_missing_model_path_names_it():
     with pytest.raises(ConfigError, match="model.path"):
-        compose_config([])
+        compose_config(["model.path=???"])
 
 
 def test_build_engine_rejects_bad_checkpoint_path():

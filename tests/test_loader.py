@@ -10,6 +10,7 @@ from safetensors.torch import load_file, save_file
 from checkpoints import write_llama
 from engine import CheckpointError, ConfigError, SamplingParams, build_engine
 from engine.models.loader import load_llama
+from conftest import PLAIN
 
 
 def copy_checkpoint(src, dst):
@@ -116,7 +117,7 @@ def test_untied_checkpoint_without_head(gqa_checkpoint, tmp_path):
 
 def test_without_tokenizer_token_ids_work_and_text_fails_clearly(tmp_path):
     path = write_llama(tmp_path / "notok", with_tokenizer=False)
-    with build_engine([f"model.path={path}"]) as eng:
+    with build_engine([*PLAIN, f"model.path={path}"]) as eng:
         out = eng.generate(prompt_token_ids=[[0, 5, 6]], sampling=SamplingParams(max_new_tokens=3, ignore_eos=True))
         assert len(out[0].token_ids) == 3
         with pytest.raises(ConfigError, match="tokenizer.json"):

@@ -5,6 +5,7 @@ import torch
 
 from engine import SamplingParams, build_engine
 from engine.forward_batch import ForwardBatch
+from conftest import PLAIN
 
 PROMPTS = ["def add(a, b):", "import os\nimport sys", "class Point:\n    def __init__(self, x, y):",
            "for", "The quick brown fox jumps over the lazy dog. The quick brown"]
@@ -30,7 +31,7 @@ def hf_greedy(model, prompt_ids: list[int], n: int) -> list[int]:
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_greedy_batch_equals_transformers(checkpoint, name, page_size):
     path = checkpoint(name)
-    with build_engine([f"model.path={path}", f"cache.page_size={page_size}", "cache.max_total_tokens=2048"]) as eng:
+    with build_engine([*PLAIN, f"model.path={path}", f"cache.page_size={page_size}", "cache.max_total_tokens=2048"]) as eng:
         outs = eng.generate(PROMPTS, SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True))
     lengths = {len(o.prompt_token_ids) for o in outs}
     assert len(lengths) == len(PROMPTS), "prompts must have unequal lengths"
@@ -45,7 +46,7 @@ def test_prefill_logits_equal_transformers(checkpoint, name):
     """All-position logits of one extend forward, for every rope variant and attention bias."""
     path = checkpoint(name)
     ids = [0, 17, 93, 5, 250, 41, 77, 8, 199, 3, 64]
-    with build_engine([f"model.path={path}"]) as eng:
+    with build_engine([*PLAIN, f"model.path={path}"]) as eng:
         runner, table = eng.worker.runner, eng.scheduler.kv.table.table
         row = eng.scheduler.kv.admit(len(ids))
         batch = ForwardBatch.from_tails([row], [ids], [0], table)

@@ -5,11 +5,12 @@ import torch
 
 from checkpoints import write_llama
 from engine import SamplingParams, build_engine
+from conftest import PLAIN
 
 
 def test_seeded_request_same_alone_and_in_batch(gqa_checkpoint):
     params = SamplingParams(max_new_tokens=16, temperature=0.9, top_p=0.9, seed=123, ignore_eos=True)
-    with build_engine([f"model.path={gqa_checkpoint}"]) as eng:
+    with build_engine([*PLAIN, f"model.path={gqa_checkpoint}"]) as eng:
         alone = eng.generate(["def add(a, b):"], params)[0].token_ids
         others = [SamplingParams(max_new_tokens=n, temperature=1.0, seed=s, ignore_eos=True) for n, s in [(5, 1), (20, None)]]
         batch = eng.generate(
@@ -21,7 +22,7 @@ def test_seeded_request_same_alone_and_in_batch(gqa_checkpoint):
 
 
 def test_different_seeds_differ(gqa_checkpoint):
-    with build_engine([f"model.path={gqa_checkpoint}"]) as eng:
+    with build_engine([*PLAIN, f"model.path={gqa_checkpoint}"]) as eng:
         outs = eng.generate(["def add(a, b):"] * 2, [
             SamplingParams(max_new_tokens=16, temperature=1.0, seed=s, ignore_eos=True) for s in (1, 2)])
     assert outs[0].token_ids != outs[1].token_ids
@@ -73,7 +74,7 @@ def test_sampled_frequencies_match_distribution(tiny_vocab, temperature, top_k, 
     expected = reference_probs(logits, temperature, top_k, top_p)
     params = [SamplingParams(max_new_tokens=1, temperature=temperature, top_k=top_k, top_p=top_p, seed=s, ignore_eos=True)
               for s in range(NUM_SAMPLES)]
-    with build_engine([f"model.path={tiny_vocab}", "cache.max_running_requests=512"]) as eng:
+    with build_engine([*PLAIN, f"model.path={tiny_vocab}", "cache.max_running_requests=512"]) as eng:
         outs = eng.generate(prompt_token_ids=[prompt] * NUM_SAMPLES, sampling=params)
     counts = torch.bincount(torch.tensor([o.token_ids[0] for o in outs]), minlength=16).double()
     assert int((expected > 0).sum()) >= 3, "degenerate fixture: the distribution must spread"

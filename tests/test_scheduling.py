@@ -3,10 +3,11 @@
 import random
 
 from engine import SamplingParams, build_engine
+from conftest import PLAIN
 
 
 def engine_for(path, *overrides):
-    return build_engine([f"model.path={path}", *overrides])
+    return build_engine([*PLAIN, f"model.path={path}", *overrides])
 
 
 def test_200_random_requests_through_a_small_pool_all_finish_and_free_every_slot(gqa_checkpoint):

@@ -1,12 +1,13 @@
 """Each request ends on its own stop: eos, stop string, max_new_tokens."""
 
 from engine import SamplingParams, build_engine
+from conftest import PLAIN
 
 PROMPTS = ["def add(a, b):", "import os", "class Point:", "for i in"]
 
 
 def test_stop_conditions(gqa_checkpoint):
-    with build_engine([f"model.path={gqa_checkpoint}"]) as eng:
+    with build_engine([*PLAIN, f"model.path={gqa_checkpoint}"]) as eng:
         free = eng.generate(PROMPTS, SamplingParams(max_new_tokens=30, ignore_eos=True))
         eos = eng.stop_checker.eos_token_ids
         assert eos == {1}  # from config.json

@@ -69,15 +69,15 @@ def read_json(path: Path) -> dict:
         raise CheckpointError(f"{path} is not valid JSON: {e}") from e
 
 
-def load_llama_config(checkpoint_dir: Path) -> LlamaConfig:
+def load_llama_config(checkpoint_dir: Path, architectures: tuple[str, ...] = SUPPORTED_ARCHITECTURES) -> LlamaConfig:
     """Parse `config.json` (plus `generation_config.json` eos ids when present)."""
     path = checkpoint_dir / "config.json"
     raw = read_json(path)
     archs = raw.get("architectures") or ["LlamaForCausalLM"]
-    if raw.get("model_type", "llama") != "llama" or not set(archs) & set(SUPPORTED_ARCHITECTURES):
+    if raw.get("model_type", "llama") != "llama" or not set(archs) & set(architectures):
         raise CheckpointError(
             f"{path}: unsupported architecture {archs} (model_type={raw.get('model_type')!r}); "
-            f"supported: {list(SUPPORTED_ARCHITECTURES)} with model_type 'llama'"
+            f"supported: {list(architectures)} with model_type 'llama'"
         )
     required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
     missing = [k for k in required if k not in raw]

@@ -27,17 +27,17 @@ class RMSNorm(nn.Module):
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: LlamaConfig, layer_id: int):
+    def __init__(self, config: LlamaConfig, layer_id: int, input_size: int | None = None):
         super().__init__()
         self.layer_id = layer_id
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
         bias = config.attention_bias
-        h = config.hidden_size
-        self.q_proj = nn.Linear(h, self.num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=bias)
+        h, x = config.hidden_size, input_size or config.hidden_size
+        self.q_proj = nn.Linear(x, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(x, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(x, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=bias)
 
     def forward(self, x, positions, rotary, batch):
@@ -63,11 +63,12 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: LlamaConfig, layer_id: int):
+    def __init__(self, config: LlamaConfig, layer_id: int, input_norm: bool = True):
         super().__init__()
         self.self_attn = LlamaAttention(config, layer_id)
         self.mlp = LlamaMLP(config)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        # EAGLE-1/2 heads feed the fc output straight into attention: no input norm
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps) if input_norm else nn.Identity()
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, x, positions, rotary, batch):
@@ -86,12 +87,12 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids, positions, batch, aux_layer_ids=()):
         # input_ids, positions: [N] -> hidden [N, H], plus the residual stream entering each aux layer
         x = self.embed_tokens(input_ids)
-        aux = []
+        captured = {}
         for i, layer in enumerate(self.layers):
             if i in aux_layer_ids:
-                aux.append(x)
+                captured[i] = x
             x = layer(x, positions, self.rotary, batch)
-        return self.norm(x), aux
+        return self.norm(x), [captured[i] for i in aux_layer_ids]
 
 
 class LlamaForCausalLM(nn.Module):
@@ -100,9 +101,10 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         self.model = LlamaModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.aux_layer_ids: tuple[int, ...] = ()  # layers whose input an EAGLE-3 head reads
 
-    def forward(self, input_ids, positions, batch, aux_layer_ids=()):
-        return self.model(input_ids, positions, batch, aux_layer_ids)
+    def forward(self, input_ids, positions, batch):
+        return self.model(input_ids, positions, batch, self.aux_layer_ids)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [M, H] -> logits [M, V] in float32

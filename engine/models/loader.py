@@ -19,11 +19,13 @@ def checkpoint_dir(path: str | Path) -> Path:
     return directory
 
 
-def safetensors_files(directory: Path) -> list[Path]:
+def safetensors_files(directory: Path, allow_bin: bool = False) -> list[Path]:
     single = directory / "model.safetensors"
     index = directory / "model.safetensors.index.json"
     if single.is_file():
         return [single]
+    if allow_bin and (directory / "pytorch_model.bin").is_file():
+        return [directory / "pytorch_model.bin"]
     if index.is_file():
         shards = sorted(set(read_json(index).get("weight_map", {}).values()))
         if not shards:
@@ -35,9 +37,15 @@ def safetensors_files(directory: Path) -> list[Path]:
     raise CheckpointError(f"missing file: neither {single.name} nor {index.name} in {directory}")
 
 
-def read_tensors(directory: Path) -> dict[str, torch.Tensor]:
+def read_tensors(directory: Path, allow_bin: bool = False) -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint directory (`pytorch_model.bin` too when `allow_bin`: draft heads ship so)."""
     tensors = {}
-    for file in safetensors_files(directory):
+    for file in safetensors_files(directory, allow_bin):
+        if file.suffix == ".bin":
+            try:
+                return dict(torch.load(file, map_location="cpu", weights_only=True))
+            except Exception as e:  # pickle errors have no common base class
+                raise CheckpointError(f"cannot read {file}: {e}") from e
         try:
             with safe_open(str(file), framework="pt") as f:
                 for name in f.keys():
@@ -53,13 +61,15 @@ def resolve_dtype(name: str, config_dtype: str) -> torch.dtype:
     return DTYPES[name]
 
 
-def assign_state(module: torch.nn.Module, tensors: dict, dtype: torch.dtype, device: torch.device, source: str):
-    """Check names and shapes against `module` (built on meta), then assign the tensors in place."""
+def assign_state(module: torch.nn.Module, tensors: dict, dtype: torch.dtype, device: torch.device, source: str,
+                 ignored: tuple[str, ...] = ()):
+    """Check names and shapes against `module` (built on meta), then assign the tensors in place.
+    Integer and bool tensors keep their dtype."""
     expected = module.state_dict()
     missing = [k for k in expected if k not in tensors]
     if missing:
         raise CheckpointError(f"{source}: missing tensors {missing[:8]}{' ...' if len(missing) > 8 else ''}")
-    unexpected = [k for k in tensors if k not in expected and not k.endswith(IGNORED_SUFFIXES)]
+    unexpected = [k for k in tensors if k not in expected and not k.endswith(IGNORED_SUFFIXES) and k not in ignored]
     if unexpected:
         raise CheckpointError(f"{source}: unexpected tensors {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}")
     state = {}
@@ -69,7 +79,7 @@ def assign_state(module: torch.nn.Module, tensors: dict, dtype: torch.dtype, dev
             raise CheckpointError(
                 f"{source}: tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(ref.shape)}"
             )
-        state[name] = tensor.to(device=device, dtype=dtype)
+        state[name] = tensor.to(device=device, dtype=dtype if tensor.is_floating_point() else tensor.dtype)
     module.load_state_dict(state, assign=True)
 
 

@@ -1,0 +1,61 @@
+"""The draft side of speculative decoding: head, its KV pool and runner, backend factory, draft worker."""
+
+from dependency_injector import containers, providers
+
+from containers import factories
+from engine.attention.registry import BACKENDS
+from engine.attention.torch_native import TorchNativeBackend
+from engine.models.draft_loader import load_draft
+from engine.runner import ModelRunner
+from engine.speculative.backend_factory import DraftBackendFactory
+from engine.speculative.chain_buffers import ChainBuffers, PerRequestDraftState
+from engine.speculative.draft_worker import EagleDraftWorker
+
+
+class SpeculativeContainer(containers.DeclarativeContainer):
+    config = providers.Configuration()  # the whole config
+    device = providers.Dependency()
+    target_model = providers.Dependency()
+    num_pages = providers.Dependency()
+    req_to_token = providers.Dependency()  # the shared request-to-token tensor
+
+    draft_model = providers.Singleton(
+        load_draft, path=config.draft.path, kind=config.draft.kind, target=target_model,
+        dtype=config.draft.dtype, device=device,
+    )
+    draft_pool = providers.Singleton(factories.draft_kv_pool, draft_model, num_pages, config.cache.page_size, device)
+    draft_head_dim = providers.Callable(factories.head_dim_of, draft_model)
+    # the draft runner's own backend, kept when no draft-extend backend is created
+    draft_runner_backend = providers.Selector(
+        config.attention.backend,
+        torch_native=providers.Factory(TorchNativeBackend, head_dim=draft_head_dim),
+    )
+    draft_runner = providers.Singleton(ModelRunner, model=draft_model, kv_pool=draft_pool, attn_backend=draft_runner_backend)
+    backend_factory = providers.Factory(
+        DraftBackendFactory,
+        backend_classes=providers.Object(BACKENDS),
+        head_dim=draft_head_dim,
+        topk=config.speculative.topk,
+        num_steps=config.speculative.num_steps,
+        attention_mode=config.speculative.attention_mode,
+        prefill_backend=providers.Callable(factories.backend_or_default, config.attention.prefill_backend,
+                                           config.attention.backend),
+        decode_backend=providers.Callable(factories.backend_or_default, config.attention.decode_backend,
+                                          config.attention.backend),
+        draft_attention_backend=config.speculative.draft_attention_backend,
+    )
+    chain_buffers = providers.Singleton(
+        ChainBuffers, max_requests=config.cache.max_running_requests,
+        hidden_size=providers.Callable(factories.hidden_size_of, draft_model),
+        vocab_size=providers.Callable(factories.vocab_size_of, target_model),
+        dtype=providers.Callable(factories.model_dtype_of, draft_model), device=device,
+    )
+    per_request_state = providers.Singleton(PerRequestDraftState)
+    draft_state = providers.Selector(
+        providers.Callable(factories.draft_state_kind, config.speculative.chain_fast_path),
+        fast=chain_buffers, general=per_request_state,
+    )
+    draft_worker = providers.Singleton(
+        EagleDraftWorker, draft_runner=draft_runner, backend_factory=backend_factory, req_to_token=req_to_token,
+        buffers=draft_state, num_steps=config.speculative.num_steps, draft_sampling=config.speculative.draft_sampling,
+    )

@@ -1,0 +1,7 @@
+"""Attention backends by name: what `attention.backend` and `speculative.draft_attention_backend` accept."""
+
+from engine.attention.torch_native import TorchNativeBackend
+
+BACKENDS: dict[str, type] = {
+    TorchNativeBackend.name: TorchNativeBackend,
+}

@@ -1,0 +1,96 @@
+"""Load an EAGLE (1/2) or EAGLE-3 draft head in its published layout and fit it to its target."""
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from engine.errors import CheckpointError
+from engine.models.config import LlamaConfig, load_llama_config, read_json
+from engine.models.eagle import EagleDraftModel
+from engine.models.eagle3 import Eagle3DraftModel
+from engine.models.llama import LlamaForCausalLM
+from engine.models.loader import assign_state, checkpoint_dir, read_tensors, resolve_dtype
+
+EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3",)
+EAGLE_ARCHITECTURES = ("LlamaForCausalLM", "EagleForCausalLM", "LlamaForCausalLMEagle")
+DRAFT_KINDS = ("eagle", "eagle3")
+
+
+def _check_fit(directory: Path, what: str, draft_value: int, target_value: int) -> None:
+    if draft_value != target_value:
+        raise CheckpointError(
+            f"{directory}: the draft head's {what} is {draft_value} but the target's is {target_value}: "
+            "this head was not trained for this target"
+        )
+
+
+def _build_eagle(directory: Path, raw: dict, config: LlamaConfig, tensors: dict, target: LlamaForCausalLM):
+    _check_fit(directory, "hidden_size", config.hidden_size, target.config.hidden_size)
+    _check_fit(directory, "vocab_size", config.vocab_size, target.config.vocab_size)
+    if "fc.weight" not in tensors:
+        raise CheckpointError(f"{directory}: missing tensors ['fc.weight'] (not an EAGLE head?)")
+    with torch.device("meta"):
+        model = EagleDraftModel(config, fc_bias="fc.bias" in tensors)
+        if "layers.0.input_layernorm.weight" in tensors:  # some exports keep it
+            from engine.models.llama import LlamaDecoderLayer
+
+            model.layers[0] = LlamaDecoderLayer(config, 0)
+    return model
+
+
+def _build_eagle3(directory: Path, raw: dict, config: LlamaConfig, tensors: dict, target: LlamaForCausalLM):
+    target_hidden = raw.get("target_hidden_size") or config.hidden_size
+    _check_fit(directory, "target_hidden_size", target_hidden, target.config.hidden_size)
+    _check_fit(directory, "vocab_size", config.vocab_size, target.config.vocab_size)
+    if config.hidden_size != target.config.hidden_size and "embed_tokens.weight" not in tensors:
+        raise CheckpointError(f"{directory}: hidden_size {config.hidden_size} differs from the target's "
+                              f"{target.config.hidden_size} and the head ships no embed_tokens.weight")
+    draft_vocab = raw.get("draft_vocab_size") or config.vocab_size
+    aux = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if aux is not None and (len(aux) != 3 or not all(0 <= i < target.config.num_hidden_layers for i in aux)):
+        raise CheckpointError(f"{directory}: eagle_aux_hidden_state_layer_ids {aux} must be 3 target layer ids "
+                              f"in [0, {target.config.num_hidden_layers})")
+    tensors.setdefault("d2t", torch.zeros(draft_vocab, dtype=torch.int64))
+    tensors.setdefault("t2d", torch.ones(config.vocab_size, dtype=torch.bool) if draft_vocab == config.vocab_size
+                       else _t2d_from(tensors["d2t"], config.vocab_size))
+    with torch.device("meta"):
+        return Eagle3DraftModel(config, target_hidden, draft_vocab, tuple(aux) if aux is not None else None)
+
+
+def _t2d_from(d2t: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    t2d = torch.zeros(vocab_size, dtype=torch.bool)
+    t2d[torch.arange(len(d2t)) + d2t] = True
+    return t2d
+
+
+def load_draft(path: str | Path, kind: str, target: LlamaForCausalLM, dtype: str = "auto",
+               device: str | torch.device = "cpu") -> nn.Module:
+    """Load the head at `path` (`kind`: eagle | eagle3) and attach the target's shared modules."""
+    if kind not in DRAFT_KINDS:
+        raise CheckpointError(f"draft.kind {kind!r} is not a draft head; allowed: {list(DRAFT_KINDS)}")
+    directory = checkpoint_dir(path)
+    raw = read_json(directory / "config.json")
+    archs = raw.get("architectures") or []
+    is_eagle3 = bool(set(archs) & set(EAGLE3_ARCHITECTURES))
+    if is_eagle3 != (kind == "eagle3"):
+        raise CheckpointError(f"{directory}: architectures {archs} is {'an EAGLE-3' if is_eagle3 else 'not an EAGLE-3'} "
+                              f"head, but draft.kind is {kind!r}")
+    config = load_llama_config(directory, EAGLE3_ARCHITECTURES if is_eagle3 else EAGLE_ARCHITECTURES)
+    tensors = read_tensors(directory, allow_bin=True)
+    build = _build_eagle3 if is_eagle3 else _build_eagle
+    model = build(directory, raw, config, tensors, target)
+    torch_dtype = target.lm_head.weight.dtype if dtype == "auto" else resolve_dtype(dtype, dtype)
+    device = torch.device(device)
+    own_embed = tensors.pop("embed_tokens.weight", None)
+    tensors.pop("lm_head.weight", None) if not is_eagle3 else None
+    assign_state(model, tensors, torch_dtype, device, str(directory))
+    if own_embed is not None:
+        model.embed_tokens = nn.Embedding.from_pretrained(own_embed.to(device=device, dtype=torch_dtype), freeze=True)
+    else:
+        model.embed_tokens = target.model.embed_tokens
+    if not is_eagle3:
+        model.lm_head = target.lm_head
+    model.rotary.reset(device)
+    target.aux_layer_ids = model.target_aux_layer_ids(target.config.num_hidden_layers)
+    return model.eval().requires_grad_(False)

@@ -1,0 +1,1 @@
+"""EAGLE speculative decoding: draft -> verify -> commit -> draft-extend."""

@@ -1,0 +1,82 @@
+"""EagleDraftWorker: the draft head's runner, its attention backends, the draft loop and draft-extend."""
+
+import torch
+
+from engine.forward_batch import ForwardBatch
+from engine.runner import ModelRunner
+from engine.sampling import filtered_probs, params_tensors
+from engine.sampling_params import SamplingParams
+from engine.speculative.backend_factory import DraftBackendFactory
+from engine.speculative.bindings import bind_draft_backends
+from engine.speculative.chain_buffers import ChainBuffers
+
+
+class EagleDraftWorker:
+    def __init__(self, draft_runner: ModelRunner, backend_factory: DraftBackendFactory, req_to_token: torch.Tensor,
+                 buffers: ChainBuffers, num_steps: int, draft_sampling: str):
+        self.draft_runner = draft_runner
+        self.backend_factory = backend_factory
+        self.req_to_token = req_to_token
+        self.buffers = buffers
+        self.num_steps = num_steps
+        self.draft_sampling = draft_sampling  # "greedy" | "sample"
+        self.draft_decode_backend = None
+        self.draft_extend_backend = None
+        self.init_attention_backend()
+
+    @property
+    def model(self):
+        return self.draft_runner.model
+
+    def init_attention_backend(self) -> None:
+        bind_draft_backends(self, self.backend_factory.create_decode_backend(),
+                            self.backend_factory.create_draft_extend_backend())
+
+    def target_features(self, hidden: torch.Tensor, aux: list[torch.Tensor]) -> torch.Tensor:
+        return self.model.target_features(hidden, aux)
+
+    def forward_draft_extend(self, rows: list[int], prefix_lens: list[int], tokens: list[list[int]],
+                             features: torch.Tensor) -> None:
+        """Run the head over verified rows: request i's row p + j pairs token tokens[i][j] with the
+        target feature of position p + j (p = prefix_lens[i]). Fills the draft KV of those rows and
+        keeps each request's last output for its next first proposal. Runs on `draft_runner.attn_backend`."""
+        batch = ForwardBatch.from_tails(rows, tokens, prefix_lens, self.req_to_token)
+        out = self.draft_runner.forward(batch, features=features)
+        self.buffers.store(batch.req_rows, out.hidden[batch.last_token_indices], out.logits)
+
+    def draft(self, rows: list[int], seq_lens: list[int], params: list[SamplingParams],
+              generators: list) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Propose `num_steps` tokens per request after its committed `seq_lens` tokens.
+        Returns drafts [B, k] and, when drafts are sampled, their distributions q [B, k, V]."""
+        row_t = torch.tensor(rows, dtype=torch.int64, device=self.req_to_token.device)
+        hidden, logits = self.buffers.load(row_t)
+        sample = self.draft_sampling == "sample" and any(not p.greedy for p in params)
+        tokens, probs = [], []
+        for step in range(self.num_steps):
+            token, q = self._select(logits, params, generators, sample)
+            tokens.append(token)
+            probs.append(q)
+            if step == self.num_steps - 1:
+                break
+            # draft row L + step pairs the proposal of this step with the previous step's hidden
+            batch = ForwardBatch.from_tails(rows, token[:, None].tolist(), [n + step for n in seq_lens], self.req_to_token)
+            backend = self.draft_decode_backend.backend_for_step(step)
+            out = self.draft_runner.forward(batch, attn_backend=backend, features=hidden)
+            hidden, logits = out.hidden, out.logits
+        drafts = torch.stack(tokens, dim=1)
+        return drafts, (torch.stack(probs, dim=1) if sample else None)
+
+    @staticmethod
+    def _select(logits: torch.Tensor, params: list[SamplingParams], generators: list, sample: bool):
+        greedy = logits.argmax(dim=-1)
+        if not sample:
+            return greedy, None
+        # requests at temperature 0 keep the argmax and a point-mass q
+        probs = filtered_probs(logits, *params_tensors(params, logits.device))
+        tokens = greedy.clone()
+        for i, p in enumerate(params):
+            if p.greedy:
+                probs[i] = torch.nn.functional.one_hot(greedy[i], logits.shape[-1]).float()
+            else:
+                tokens[i] = torch.multinomial(probs[i], 1, generator=generators[i])[0]
+        return tokens, probs

@@ -1,0 +1,95 @@
+"""EagleWorker: one speculative iteration for a batch with ragged acceptance.
+
+New requests prefill: target extend over the prompt, first token sampled, then draft-extend over the
+prompt shifted by one. Running requests (committed length L, pending bonus b): draft k tokens,
+verify [b, d_1..d_k] in one target forward at positions L..L+k, emit the accepted drafts plus one
+target token, commit L += accept_len, then draft-extend over the verified rows. Target KV written
+at rejected positions is never read: the next verify overwrites it, and masks only read below the
+committed length. num_steps = 0 is plain decoding through the same path (draft KV kept warm).
+"""
+
+import torch
+
+from engine.forward_batch import ForwardBatch
+from engine.request import Request
+from engine.runner import ModelRunner
+from engine.sampling import Sampler, filtered_probs, params_tensors
+from engine.speculative.draft_worker import EagleDraftWorker
+from engine.speculative.metrics import SpecCounters
+from engine.speculative.verify import verify_greedy, verify_sampled_row
+
+
+class EagleWorker:
+    def __init__(self, target_runner: ModelRunner, draft_worker: EagleDraftWorker, req_to_token: torch.Tensor,
+                 sampler: Sampler, num_steps: int):
+        self.target_runner = target_runner
+        self.draft_worker = draft_worker
+        self.req_to_token = req_to_token
+        self.sampler = sampler
+        self.num_steps = num_steps
+        self.counters = SpecCounters()
+
+    def step(self, requests: list[Request]) -> list[list[int]]:
+        new = [r for r in requests if r.num_computed == 0]
+        running = [r for r in requests if r.num_computed > 0]
+        emitted = {}
+        if new:
+            emitted.update(zip(map(id, new), self.prefill(new)))
+        if running:
+            emitted.update(zip(map(id, running), self.decode(running)))
+        return [emitted[id(r)] for r in requests]
+
+    def prefill(self, requests: list[Request]) -> list[list[int]]:
+        rows = [r.row for r in requests]
+        batch = ForwardBatch.from_tails(rows, [r.prompt_ids for r in requests], [0] * len(requests), self.req_to_token)
+        out = self.target_runner.forward(batch)
+        first = self.sampler.sample(out.logits, [r.params for r in requests], [r.generator for r in requests])
+        for request in requests:
+            request.num_computed = len(request.prompt_ids)
+        features = self.draft_worker.target_features(out.hidden, out.aux_hidden)
+        shifted = [r.prompt_ids[1:] + [t] for r, t in zip(requests, first)]
+        self.draft_worker.forward_draft_extend(rows, [0] * len(requests), shifted, features)
+        return [[t] for t in first]
+
+    def decode(self, requests: list[Request]) -> list[list[int]]:
+        k, b = self.num_steps, len(requests)
+        rows = [r.row for r in requests]
+        seq_lens = [r.num_computed for r in requests]
+        params = [r.params for r in requests]
+        generators = [r.generator for r in requests]
+        bonus = torch.tensor([r.output_ids[-1] for r in requests], dtype=torch.int64)
+        if k > 0:
+            drafts, draft_probs = self.draft_worker.draft(rows, seq_lens, params, generators)
+        else:
+            drafts, draft_probs = torch.zeros(b, 0, dtype=torch.int64), None
+        chain = torch.cat([bonus[:, None].to(drafts.device), drafts], dim=1)  # [B, k+1]
+        batch = ForwardBatch.from_tails(rows, chain.tolist(), seq_lens, self.req_to_token)
+        out = self.target_runner.forward(batch, logits_indices=torch.arange(b * (k + 1), device=chain.device))
+        logits = out.logits.view(b, k + 1, -1)
+
+        accept_lens, tokens = verify_greedy(logits, drafts)
+        emitted = [tokens[i, :n].tolist() for i, n in enumerate(accept_lens.tolist())]
+        sampled = [i for i, p in enumerate(params) if not p.greedy]
+        if sampled:
+            idx = torch.tensor(sampled, device=logits.device)
+            sampled_params = [params[i] for i in sampled]
+            temperature, top_k, top_p = params_tensors(sampled_params, logits.device)
+            probs = filtered_probs(logits[idx].flatten(0, 1), temperature.repeat_interleave(k + 1),
+                                   top_k.repeat_interleave(k + 1), top_p.repeat_interleave(k + 1)).view(len(sampled), k + 1, -1)
+            draft_list = drafts.tolist()
+            for j, i in enumerate(sampled):
+                q = draft_probs[i] if draft_probs is not None else None
+                emitted[i] = verify_sampled_row(probs[j], draft_list[i], q, generators[i])
+
+        # commit, then draft-extend over the verified rows (bonus and accepted drafts, with their features)
+        keep = torch.cat([torch.arange(len(e), device=chain.device) + i * (k + 1) for i, e in enumerate(emitted)])
+        features = self.draft_worker.target_features(out.hidden[keep], [a[keep] for a in out.aux_hidden])
+        for request, tokens_i in zip(requests, emitted):
+            request.num_computed += len(tokens_i)
+            self.counters.record(k, len(tokens_i))
+            request.spec_counters.record(k, len(tokens_i))
+        self.draft_worker.forward_draft_extend(rows, seq_lens, emitted, features)
+        return emitted
+
+    def stats(self) -> dict:
+        return self.counters.as_dict()

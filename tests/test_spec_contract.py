@@ -1,0 +1,135 @@
+"""The backend-binding contract: draft-extend runs on the draft-extend backend, read through
+`draft_runner.attn_backend`; each draft decode step on its own backend; nothing else rebinds them."""
+
+import pytest
+
+from conftest import PLAIN, spec_overrides
+from engine import ConfigError, SamplingParams, build_engine
+from engine.attention.torch_native import TorchNativeBackend
+from engine.speculative import bindings
+from engine.speculative.backend_factory import DraftBackendFactory
+
+
+class RecordingBackend(TorchNativeBackend):
+    """Logs every forward it prepares: (backend, number of new tokens per request)."""
+
+    log: list = []
+
+    def init_forward_metadata(self, batch):
+        RecordingBackend.log.append((self, tuple(batch.extend_lens)))
+        super().init_forward_metadata(batch)
+
+
+class DecodeOnlyBackend(TorchNativeBackend):
+    name = "decode_only"
+    supports_extend = False
+
+
+def factory(num_steps=3, mode="prefill", draft_backend=None, classes=None):
+    classes = classes or {"torch_native": TorchNativeBackend, "decode_only": DecodeOnlyBackend}
+    return DraftBackendFactory(classes, head_dim=16, topk=1, num_steps=num_steps, attention_mode=mode,
+                               prefill_backend="torch_native", decode_backend="torch_native",
+                               draft_attention_backend=draft_backend)
+
+
+def test_factory_decode_backend_per_step_or_none():
+    assert factory(num_steps=1).create_decode_backend() is None
+    assert factory(num_steps=0).create_decode_backend() is None
+    multi = factory(num_steps=4).create_decode_backend()
+    assert multi.num_steps == 3 and len({id(b) for b in multi.backends}) == 3
+
+
+def test_factory_extend_backend_by_mode_and_override():
+    classes = {"torch_native": TorchNativeBackend, "recording": RecordingBackend, "decode_only": DecodeOnlyBackend}
+    f = DraftBackendFactory(classes, 16, 1, 3, "decode", prefill_backend="torch_native", decode_backend="recording")
+    assert type(f.create_draft_extend_backend()) is RecordingBackend
+    f = DraftBackendFactory(classes, 16, 1, 3, "prefill", prefill_backend="torch_native", decode_backend="recording")
+    assert type(f.create_draft_extend_backend()) is TorchNativeBackend
+    f = DraftBackendFactory(classes, 16, 1, 3, "prefill", "torch_native", "torch_native", draft_attention_backend="recording")
+    assert type(f.create_draft_extend_backend()) is RecordingBackend
+    assert factory(draft_backend="decode_only").create_draft_extend_backend() is None
+
+
+def test_factory_rejects_unknown_names():
+    with pytest.raises(ConfigError, match="speculative.draft_attention_backend.*allowed"):
+        factory(draft_backend="flash")
+    with pytest.raises(ConfigError, match="speculative.attention_mode"):
+        factory(mode="sideways")
+
+
+@pytest.fixture
+def eagle_engine(spec_pair):
+    target, heads = spec_pair
+    with build_engine(spec_overrides(target, heads["eagle"], "eagle", 3)) as eng:
+        yield eng
+
+
+def test_draft_extend_backend_is_bound_to_the_runner(eagle_engine):
+    draft = eagle_engine.worker.draft_worker
+    assert draft.draft_extend_backend is not None
+    assert draft.draft_runner.attn_backend is draft.draft_extend_backend
+    assert draft.draft_runner.attn_backend not in draft.draft_decode_backend.backends
+
+
+def test_runner_keeps_its_backend_when_there_is_no_draft_extend_backend(eagle_engine):
+    draft = eagle_engine.worker.draft_worker
+    own = draft.draft_runner.attn_backend
+    draft.backend_factory = factory(draft_backend="decode_only")
+    draft.init_attention_backend()
+    assert draft.draft_runner.attn_backend is own
+    assert draft.draft_decode_backend is not None
+
+
+def record_phases(engine, classes):
+    """Rebind the draft worker's backends to recording ones; run; return who ran what."""
+    draft = engine.worker.draft_worker
+    draft.backend_factory.backend_classes = classes
+    draft.init_attention_backend()
+    RecordingBackend.log = []
+    engine.generate(prompt_token_ids=[[0, 5, 9, 14, 3], [0, 7]], sampling=SamplingParams(max_new_tokens=12, ignore_eos=True))
+    return draft, list(RecordingBackend.log)
+
+
+def test_each_phase_runs_on_its_backend(eagle_engine):
+    draft, log = record_phases(eagle_engine, {"torch_native": RecordingBackend})
+    extend_runs = [lens for backend, lens in log if backend is draft.draft_extend_backend]
+    step_backends = draft.draft_decode_backend.backends
+    assert extend_runs[0] == (5, 2)  # draft-extend over each prompt after prefill
+    assert len(extend_runs) > 1 and all(max(lens) >= 1 for lens in extend_runs[1:])  # after every verify
+    for i, backend in enumerate(step_backends):  # draft step i: one token per request, on its own backend
+        runs = [lens for b, lens in log if b is backend]
+        assert runs and all(lens == (1, 1) or lens == (1,) for lens in runs)
+    assert {id(b) for b, _ in log} <= {id(draft.draft_extend_backend), *map(id, step_backends)}
+
+
+def test_a_lost_binding_is_caught(eagle_engine, monkeypatch):
+    """The upstream regression: the assignment to draft_runner.attn_backend dropped. Draft-extend then
+    runs on the runner's own backend, which the recording shows."""
+
+    def lossy_bind(worker, decode_backend, extend_backend):
+        worker.draft_decode_backend = decode_backend
+        worker.draft_extend_backend = extend_backend
+
+    monkeypatch.setattr("engine.speculative.draft_worker.bind_draft_backends", lossy_bind)
+    draft, log = record_phases(eagle_engine, {"torch_native": RecordingBackend})
+    assert draft.draft_runner.attn_backend is not draft.draft_extend_backend
+    assert not any(backend is draft.draft_extend_backend for backend, _ in log)
+
+
+def test_bindings_snapshot_names_every_binding(eagle_engine):
+    snap = bindings.draft_bindings(eagle_engine.worker.draft_worker)
+    assert snap["draft_runner.attn_backend"] is snap["draft_extend_backend"]
+
+
+def test_num_draft_tokens_must_match_num_steps_with_topk_1(spec_pair):
+    target, heads = spec_pair
+    overrides = spec_overrides(target, heads["eagle"], "eagle", 3)
+    overrides[-1] = "speculative.num_draft_tokens=6"
+    with pytest.raises(ConfigError, match="num_draft_tokens must equal speculative.num_steps \\+ 1 = 4"):
+        build_engine(overrides)
+
+
+def test_draft_kind_must_match_algorithm(spec_pair):
+    target, heads = spec_pair
+    with pytest.raises(ConfigError, match="draft.kind"):
+        build_engine([*PLAIN, f"model.path={target}", "speculative=eagle3", "draft=eagle", f"draft.path={heads['eagle']}"])

@@ -1,0 +1,99 @@
+"""Speculative greedy output equals plain greedy output, token for token."""
+
+import random
+
+import pytest
+
+from conftest import PLAIN, spec_overrides
+from engine import SamplingParams, build_engine
+
+PROMPTS = ["def add(a, b):", "import os", "class Point:\n    def __init__(self, x, y):", "for", "x = [1, 2, 3]"]
+PARAMS = SamplingParams(max_new_tokens=28, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def plain_outputs(spec_pair):
+    target, _ = spec_pair
+    with build_engine([*PLAIN, f"model.path={target}"]) as eng:
+        return [o.token_ids for o in eng.generate(PROMPTS, PARAMS)]
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+@pytest.mark.parametrize("num_steps", [1, 2, 3, 5])
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_greedy_speculative_equals_plain(spec_pair, plain_outputs, kind, num_steps, page_size):
+    target, heads = spec_pair
+    with build_engine(spec_overrides(target, heads[kind], kind, num_steps, f"cache.page_size={page_size}")) as eng:
+        outs = eng.generate(PROMPTS, PARAMS)
+        metrics = eng.metrics()
+        assert eng.scheduler.kv.all_free()
+    assert [o.token_ids for o in outs] == plain_outputs
+    assert 1.0 <= metrics["mean_accept_length"] <= num_steps + 1
+    assert len(metrics["accept_rate_per_position"]) == num_steps
+    assert all(o.stats["num_verify_cycles"] > 0 for o in outs)
+    if kind == "eagle":  # the token-reading head agrees often: acceptance really is ragged
+        assert metrics["mean_accept_length"] > 1.3
+        assert 0 < metrics["draft_accept_rate"] < 1
+
+
+def test_zero_steps_is_plain_decoding_through_the_same_worker(spec_pair, plain_outputs):
+    target, heads = spec_pair
+    with build_engine(spec_overrides(target, heads["eagle"], "eagle", 0)) as eng:
+        outs = eng.generate(PROMPTS, PARAMS)
+        assert type(eng.worker).__name__ == "EagleWorker"
+        assert eng.metrics()["mean_accept_length"] == 1.0
+    assert [o.token_ids for o in outs] == plain_outputs
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_fast_path_equals_general_path(spec_pair, kind):
+    target, heads = spec_pair
+    results = []
+    for fast in ("true", "false"):
+        with build_engine(spec_overrides(target, heads[kind], kind, 3, f"speculative.chain_fast_path={fast}")) as eng:
+            state = type(eng.worker.draft_worker.buffers).__name__
+            outs = eng.generate(PROMPTS, [SamplingParams(max_new_tokens=20, ignore_eos=True),
+                                          SamplingParams(max_new_tokens=20, temperature=1.0, seed=5, ignore_eos=True)] * 2
+                                + [PARAMS])
+            results.append(([o.token_ids for o in outs], eng.metrics()["mean_accept_length"], state))
+    assert results[0][2] == "ChainBuffers" and results[1][2] == "PerRequestDraftState"
+    assert results[0][:2] == results[1][:2]
+
+
+def test_stop_inside_accepted_tokens_ends_the_request_there(spec_pair, plain_outputs):
+    target, heads = spec_pair
+    with build_engine([*PLAIN, f"model.path={target}"]) as eng:
+        free = eng.generate(PROMPTS, PARAMS)
+    with build_engine(spec_overrides(target, heads["eagle"], "eagle", 5)) as eng:
+        for i, out in enumerate(free):
+            for cut in (3, 7, 11):
+                victim = out.token_ids[cut]
+                eng.stop_checker.eos_token_ids = frozenset({victim})
+                got = eng.generate([PROMPTS[i]], SamplingParams(max_new_tokens=28))[0]
+                assert got.token_ids == out.token_ids[:out.token_ids.index(victim) + 1]
+                stop = out.text[cut:cut + 2]
+                if stop.strip():
+                    eng.stop_checker.eos_token_ids = frozenset()
+                    got = eng.generate([PROMPTS[i]], SamplingParams(max_new_tokens=28, stop=[stop]))[0]
+                    assert got.text == out.text[:out.text.find(stop)]
+        for n in (1, 2, 5, 9):
+            got = eng.generate(PROMPTS, SamplingParams(max_new_tokens=n, ignore_eos=True))
+            assert [o.token_ids for o in got] == [p[:n] for p in plain_outputs]
+        assert eng.scheduler.kv.all_free()
+
+
+def test_no_kv_leak_after_500_random_requests(spec_pair):
+    target, heads = spec_pair
+    rng = random.Random(1)
+    prompts = [[0] + [rng.randrange(2, 320) for _ in range(rng.randrange(1, 30))] for _ in range(500)]
+    params = [SamplingParams(max_new_tokens=rng.randrange(1, 24), temperature=rng.choice([0.0, 0.8]), seed=i,
+                             stop=rng.choice([[], ["e"]]), ignore_eos=rng.random() < 0.7) for i in range(500)]
+    with build_engine(spec_overrides(target, heads["eagle"], "eagle", 3, "cache.page_size=16",
+                                     "cache.max_total_tokens=1024", "cache.max_running_requests=24")) as eng:
+        outs = eng.generate(prompt_token_ids=prompts, sampling=params)
+        assert all(o.finish_reason in ("stop", "length") for o in outs)
+        assert all(1 <= len(o.token_ids) <= p.max_new_tokens for o, p in zip(outs, params))
+        kv = eng.scheduler.kv
+        assert kv.all_free() and kv.allocator.num_free_pages == kv.allocator.num_pages
+        assert (kv.table.table == -1).all()
+        assert eng.metrics()["mean_accept_length"] > 1.2

@@ -1,0 +1,66 @@
+"""Speculative sampling is lossless: emitted tokens follow the target's (filtered) distribution."""
+
+import itertools
+
+import pytest
+import torch
+
+from checkpoints import write_eagle_head, write_llama
+from conftest import spec_overrides
+from engine import SamplingParams, build_engine
+from test_sampling import chi_square_p_value, reference_probs
+
+PROMPT = [0, 3, 9, 4, 12]
+NUM_SAMPLES = 3000
+VOCAB = 16
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tmp_path_factory):
+    target = write_llama(tmp_path_factory.mktemp("t16"), vocab_size=VOCAB, with_tokenizer=False, init_std=0.2,
+                         residual_scale=0.05, num_layers=2, seed=11)
+    head = write_eagle_head(tmp_path_factory.mktemp("e16"), target, token_only=True)
+    return target, head
+
+
+def exact_marginals(target, temperature, top_p):
+    """P(x1), P(x2), P(x3) of the target under the filters, by enumerating continuations."""
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(target, dtype=torch.float32)
+
+    def next_probs(prefixes):
+        with torch.no_grad():
+            logits = model(torch.tensor([PROMPT + list(p) for p in prefixes])).logits[:, -1].double()
+        return [reference_probs(lg, temperature, 0, top_p) for lg in logits]
+
+    p1 = next_probs([()])[0]
+    p2 = torch.stack(next_probs([(a,) for a in range(VOCAB)]))  # [x1, x2]
+    p3 = torch.stack(next_probs(list(itertools.product(range(VOCAB), repeat=2)))).view(VOCAB, VOCAB, VOCAB)
+    joint12 = p1[:, None] * p2
+    return [p1, joint12.sum(0), (joint12[:, :, None] * p3).sum((0, 1))]
+
+
+@pytest.mark.parametrize("draft_sampling", ["greedy", "sample"])
+@pytest.mark.parametrize("top_p", [1.0, 0.8])
+def test_speculative_sampling_matches_target_distribution(tiny_pair, draft_sampling, top_p):
+    target, head = tiny_pair
+    expected = exact_marginals(target, 1.0, top_p)
+    params = [SamplingParams(max_new_tokens=3, temperature=1.0, top_p=top_p, seed=s, ignore_eos=True)
+              for s in range(NUM_SAMPLES)]
+    overrides = spec_overrides(target, head, "eagle", 2, f"speculative.draft_sampling={draft_sampling}",
+                               "cache.max_running_requests=512")
+    with build_engine(overrides) as eng:
+        outs = eng.generate(prompt_token_ids=[PROMPT] * NUM_SAMPLES, sampling=params)
+        metrics = eng.metrics()
+    assert 0.05 < metrics["draft_accept_rate"] < 0.95  # both acceptance and rejection are exercised
+    tokens = torch.tensor([o.token_ids for o in outs])  # [N, 3]
+    for position in range(3):
+        counts = torch.bincount(tokens[:, position], minlength=VOCAB).double()
+        assert int((expected[position] > 0).sum()) >= 3
+        assert counts[expected[position] == 0].sum() == 0
+        assert chi_square_p_value(counts, expected[position]) > 1e-3, f"token {position + 1}"
+    if top_p < 1.0:  # power: the unfiltered distribution is rejected at the verified positions
+        unfiltered = exact_marginals(target, 1.0, 1.0)
+        counts = torch.bincount(tokens[:, 1], minlength=VOCAB).double()
+        assert chi_square_p_value(counts, unfiltered[1]) < 1e-6
