@@ -152,7 +152,7 @@ def main() -> None:
     need = max(sum(len(p) + n for p in ps) for ps in prompts.values())
     prefill = max(sum(len(p) for p in ps) for ps in prompts.values())
     eng = build_engine(overrides=[
-        f"model.path={model_path}", "model.dtype=float32", "cache=small", f"device={args.device}",
+        "speculative=none", "draft=none", f"model.path={model_path}", "model.dtype=float32", "cache=small", f"device={args.device}",
         f"cache.max_total_tokens={max(4096, need)}", f"cache.max_running_requests={max(16, max(batch_sizes))}",
         f"cache.max_prefill_tokens={max(2048, prefill)}",
     ])

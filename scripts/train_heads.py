@@ -24,6 +24,7 @@ from training.data import fixed_windows, random_windows, token_stream
 from training.export import save_hf_dir
 from training.loop import train
 from training.paths import resolve
+from training.setup import prepare
 from training.ttt_attention import TTTAttention, TTTBatch
 
 
@@ -131,10 +132,7 @@ def export(heads: Heads, target, cfg, ttt_report: dict):
 
 @hydra.main(config_path="conf", config_name="heads", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
-    torch.manual_seed(cfg.seed)
-    corpus_dir, tok_dir, work_dir = resolve(cfg.corpus_dir), resolve(cfg.tokenizer_dir), resolve(cfg.work_dir)
+    corpus_dir, tok_dir, work_dir = prepare(cfg)
     target = load_llama(resolve(cfg.target_dir), dtype="float32")
     num_layers = target.config.num_hidden_layers
     target.aux_layer_ids = (2, num_layers // 2, num_layers - 3)

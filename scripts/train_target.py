@@ -22,6 +22,7 @@ from training.data import fixed_windows, random_windows, token_stream
 from training.export import save_hf_dir
 from training.loop import train
 from training.paths import resolve
+from training.setup import prepare
 
 
 def build_config(cfg: DictConfig, vocab_size: int, eos_id: int, bos_id: int) -> LlamaConfig:
@@ -73,10 +74,7 @@ def hf_config(config: LlamaConfig) -> dict:
 
 @hydra.main(config_path="conf", config_name="target", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
-    torch.manual_seed(cfg.seed)
-    corpus_dir, tok_dir, work_dir = resolve(cfg.corpus_dir), resolve(cfg.tokenizer_dir), resolve(cfg.work_dir)
+    corpus_dir, tok_dir, work_dir = prepare(cfg)
     tok = Tokenizer.from_dir(tok_dir)
     config = build_config(cfg, tok.vocab_size, tok.eos_token_ids[0], tok._tok.token_to_id("<s>"))
     streams = {s: token_stream(corpus_dir, tok_dir, s, work_dir / "data") for s in ("train", "valid", "heldout")}

@@ -130,3 +130,43 @@ def test_eos_ids_from_generation_config(gqa_checkpoint, tmp_path):
     from engine.models.config import load_llama_config
 
     assert load_llama_config(path).eos_token_ids == (1, 7)
+
+
+def test_published_head_layouts_load(spec_pair, tmp_path):
+    from checkpoints import write_eagle3_head, write_eagle_head
+    from engine.models.draft_loader import load_draft
+
+    target_dir, _ = spec_pair
+    target = load_llama(target_dir)
+    eagle = load_draft(write_eagle_head(tmp_path / "e", target_dir, fmt="bin"), "eagle", target)
+    assert eagle.fc.bias is not None and eagle.lm_head is target.lm_head and eagle.embed_tokens is target.model.embed_tokens
+    eagle3 = load_draft(write_eagle3_head(tmp_path / "e3", target_dir, draft_vocab_size=100, fmt="safetensors",
+                                          aux_layer_ids=(0, 1, 3)), "eagle3", target)
+    assert eagle3.draft_vocab_size == 100 and target.aux_layer_ids == (0, 1, 3)
+    assert int(eagle3.t2d.sum()) == 100 and eagle3.d2t.dtype == torch.int64
+
+
+@pytest.mark.parametrize("kind,change,field", [
+    ("eagle", dict(hidden_size=32), "hidden_size"),
+    ("eagle", dict(vocab_size=999), "vocab_size"),
+    ("eagle3", dict(target_hidden_size=48), "target_hidden_size"),
+    ("eagle3", dict(vocab_size=999), "vocab_size"),
+])
+def test_head_that_does_not_fit_the_target_fails_at_build(spec_pair, tmp_path, kind, change, field):
+    from checkpoints import write_eagle3_head, write_eagle_head
+    from conftest import spec_overrides
+
+    target_dir, _ = spec_pair
+    writer = write_eagle_head if kind == "eagle" else write_eagle3_head
+    head = writer(tmp_path / "head", target_dir, **change)
+    with pytest.raises(CheckpointError, match=f"{field} is .* but the target's is"):
+        build_engine(spec_overrides(target_dir, head, kind, 2))
+
+
+def test_head_of_the_wrong_kind_fails(spec_pair):
+    from conftest import spec_overrides
+
+    target_dir, heads = spec_pair
+    overrides = spec_overrides(target_dir, heads["eagle"], "eagle3", 2)
+    with pytest.raises(CheckpointError, match="not an EAGLE-3 head"):
+        build_engine(overrides)
