@@ -9,7 +9,7 @@ from engine.errors import CheckpointError
 from engine.models.config import LlamaConfig, load_llama_config, read_json
 from engine.models.eagle import EagleDraftModel
 from engine.models.eagle3 import Eagle3DraftModel
-from engine.models.llama import LlamaForCausalLM
+from engine.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 from engine.models.loader import assign_state, checkpoint_dir, read_tensors, resolve_dtype
 
 EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3",)
@@ -33,8 +33,6 @@ def _build_eagle(directory: Path, raw: dict, config: LlamaConfig, tensors: dict,
     with torch.device("meta"):
         model = EagleDraftModel(config, fc_bias="fc.bias" in tensors)
         if "layers.0.input_layernorm.weight" in tensors:  # some exports keep it
-            from engine.models.llama import LlamaDecoderLayer
-
             model.layers[0] = LlamaDecoderLayer(config, 0)
     return model
 
@@ -83,7 +81,8 @@ def load_draft(path: str | Path, kind: str, target: LlamaForCausalLM, dtype: str
     torch_dtype = target.lm_head.weight.dtype if dtype == "auto" else resolve_dtype(dtype, dtype)
     device = torch.device(device)
     own_embed = tensors.pop("embed_tokens.weight", None)
-    tensors.pop("lm_head.weight", None) if not is_eagle3 else None
+    if not is_eagle3:
+        tensors.pop("lm_head.weight", None)  # EAGLE-1/2 heads use the target's lm_head
     assign_state(model, tensors, torch_dtype, device, str(directory))
     if own_embed is not None:
         model.embed_tokens = nn.Embedding.from_pretrained(own_embed.to(device=device, dtype=torch_dtype), freeze=True)
