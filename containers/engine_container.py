@@ -8,7 +8,7 @@ from containers import factories
 from containers.cache import CacheContainer
 from containers.models import ModelContainer
 from containers.speculative import SpeculativeContainer
-from engine.attention.torch_native import TorchNativeBackend
+from engine.attention.registry import BACKENDS
 from engine.engine import Engine
 from engine.runner import ModelRunner
 from engine.sampling import Sampler
@@ -30,11 +30,9 @@ class EngineContainer(containers.DeclarativeContainer):
     )
 
     # attention backends by name; each call builds a fresh backend (backends hold per-batch metadata)
-    target_attention_backend = providers.Selector(
-        config.attention.backend,
-        torch_native=providers.Factory(
-            TorchNativeBackend, head_dim=providers.Callable(factories.head_dim_of, models.target_model),
-        ),
+    target_attention_backend = providers.Factory(
+        factories.attention_backend, providers.Object(BACKENDS), config.attention.backend,
+        providers.Callable(factories.head_dim_of, models.target_model),
     )
 
     target_runner = providers.Singleton(

@@ -73,6 +73,13 @@ def backend_or_default(name: str | None, default: str) -> str:
     return name or default
 
 
+def attention_backend(backend_classes: dict[str, type], name: str, head_dim: int):
+    """A fresh backend of the registered class `name` (backends hold per-batch metadata)."""
+    if name not in backend_classes:
+        raise ConfigError(f"attention.backend: unknown attention backend {name!r}; allowed: {sorted(backend_classes)}")
+    return backend_classes[name](head_dim)
+
+
 def model_dtype_of(model) -> torch.dtype:
     return next(p for p in model.parameters() if p.is_floating_point()).dtype
 

@@ -4,7 +4,6 @@ from dependency_injector import containers, providers
 
 from containers import factories
 from engine.attention.registry import BACKENDS
-from engine.attention.torch_native import TorchNativeBackend
 from engine.models.draft_loader import load_draft
 from engine.runner import ModelRunner
 from engine.speculative.backend_factory import DraftBackendFactory
@@ -26,9 +25,8 @@ class SpeculativeContainer(containers.DeclarativeContainer):
     draft_pool = providers.Singleton(factories.draft_kv_pool, draft_model, num_pages, config.cache.page_size, device)
     draft_head_dim = providers.Callable(factories.head_dim_of, draft_model)
     # the draft runner's own backend, kept when no draft-extend backend is created
-    draft_runner_backend = providers.Selector(
-        config.attention.backend,
-        torch_native=providers.Factory(TorchNativeBackend, head_dim=draft_head_dim),
+    draft_runner_backend = providers.Factory(
+        factories.attention_backend, providers.Object(BACKENDS), config.attention.backend, draft_head_dim,
     )
     draft_runner = providers.Singleton(ModelRunner, model=draft_model, kv_pool=draft_pool, attn_backend=draft_runner_backend)
     backend_factory = providers.Factory(

@@ -1,7 +1,14 @@
+import os
 import sys
 from pathlib import Path
 
-import pytest
+import torch
+
+# Triton kernels run in the interpreter on CPU; read when a kernel is defined, so before any import of them
+if not os.environ.get("TRITON_INTERPRET"):
+    os.environ["TRITON_INTERPRET"] = "0" if torch.cuda.is_available() else "1"
+
+import pytest  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests/checkpoints.py
 
