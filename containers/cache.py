@@ -3,6 +3,7 @@
 from dependency_injector import containers, providers
 
 from containers import factories
+from containers.scope import BuildTrackingSingleton as Singleton
 from engine.cache.allocator import PageAllocator
 from engine.cache.manager import KVCacheManager
 from engine.cache.req_to_token import ReqToTokenTable
@@ -15,11 +16,11 @@ class CacheContainer(containers.DeclarativeContainer):
     lookahead_tokens = providers.Dependency()  # positions a speculative step writes past the committed length
 
     num_pages = providers.Callable(factories.num_pages, config.max_total_tokens, config.page_size)
-    max_context_len = providers.Singleton(factories.max_context_len, config.max_context_len, target_model)
-    allocator = providers.Singleton(PageAllocator, num_pages)
-    req_to_token = providers.Singleton(
+    max_context_len = Singleton(factories.max_context_len, config.max_context_len, target_model)
+    allocator = Singleton(PageAllocator, num_pages)
+    req_to_token = Singleton(
         ReqToTokenTable, max_requests=config.max_running_requests,
         max_context_len=providers.Callable(factories.table_width, max_context_len, lookahead_tokens), device=device,
     )
-    manager = providers.Singleton(KVCacheManager, allocator, req_to_token, config.page_size)
-    target_pool = providers.Singleton(factories.kv_pool_for, target_model, num_pages, config.page_size, device)
+    manager = Singleton(KVCacheManager, allocator, req_to_token, config.page_size)
+    target_pool = Singleton(factories.kv_pool_for, target_model, num_pages, config.page_size, device)

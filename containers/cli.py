@@ -46,6 +46,9 @@ def summary_line(metrics: dict) -> str:
     ]
     if "mean_accept_length" in metrics:
         parts.append(f"tau {metrics['mean_accept_length']:.2f}")
+    if "adaptive_cycles_at_steps" in metrics:
+        at = ", ".join(f"{k}:{n}" for k, n in metrics["adaptive_cycles_at_steps"].items())
+        parts.append(f"steps {{{at}}} switches {metrics['adaptive_switches']}")
     if metrics["num_failed"]:
         parts.append(f"failed {metrics['num_failed']}")
     return " | ".join(parts)
@@ -56,6 +59,8 @@ def run(config: dict, output_dir: str | Path | None = None, console: Console | N
     console = console or Console()
     prompts = read_prompts(config)
     container = build_container(config)
+    for notice in config.get("notices", []):
+        console.print(notice, markup=False, highlight=False, soft_wrap=True)
     with container.engine() as engine:
         outputs = engine.generate(prompts, SamplingParams(**config["sampling"]))
         metrics = engine.metrics()

@@ -5,6 +5,8 @@ from operator import attrgetter
 from dependency_injector import containers, providers
 
 from containers import factories
+from containers.adaptive import build_candidate_states
+from containers.scope import BuildTrackingSingleton as Singleton
 from containers.cache import CacheContainer
 from containers.models import ModelContainer
 from containers.speculative import SpeculativeContainer
@@ -13,17 +15,24 @@ from engine.engine import Engine
 from engine.runner import ModelRunner
 from engine.sampling import Sampler
 from engine.scheduler import Scheduler
+from engine.speculative.adaptive.acceptance import AcceptanceModel
+from engine.speculative.adaptive.controller import AdaptiveController
+from engine.speculative.adaptive.ema import EmaPolicy
+from engine.speculative.adaptive.throughput import ThroughputPolicy
+from engine.speculative.adaptive.tiers import build_tiers
 from engine.speculative.worker import EagleWorker
 from engine.stopping import StopChecker
 from engine.worker import DecodeWorker
 
 
 class EngineContainer(containers.DeclarativeContainer):
+    __self__ = providers.Self()
     config = providers.Configuration(strict=True)
 
     models = providers.Container(ModelContainer, config=config)
     lookahead_tokens = providers.Callable(
-        factories.lookahead_tokens, config.speculative.algorithm, config.speculative.num_steps)
+        factories.lookahead_tokens, config.speculative.algorithm,
+        providers.Callable(factories.max_steps, config.speculative.num_steps, config.adaptive))
     cache = providers.Container(
         CacheContainer, config=config.cache, device=models.device, target_model=models.target_model,
         lookahead_tokens=lookahead_tokens,
@@ -35,32 +44,58 @@ class EngineContainer(containers.DeclarativeContainer):
         providers.Callable(factories.head_dim_of, models.target_model),
     )
 
-    target_runner = providers.Singleton(
+    target_runner = Singleton(
         ModelRunner, model=models.target_model, kv_pool=cache.target_pool, attn_backend=target_attention_backend,
     )
-    sampler = providers.Singleton(Sampler)
+    sampler = Singleton(Sampler)
     req_to_token = providers.Callable(attrgetter("table"), cache.req_to_token)
     speculative = providers.Container(
         SpeculativeContainer, config=config, device=models.device, target_model=models.target_model,
-        num_pages=cache.num_pages, req_to_token=req_to_token,
+        num_pages=cache.num_pages, req_to_token=req_to_token, verify_backend=target_attention_backend,
     )
-    decode_worker = providers.Singleton(DecodeWorker, runner=target_runner, req_to_token=req_to_token, sampler=sampler)
-    eagle_worker = providers.Singleton(
+    decode_worker = Singleton(DecodeWorker, runner=target_runner, req_to_token=req_to_token, sampler=sampler)
+    eagle_worker = Singleton(
         EagleWorker, target_runner=target_runner, draft_worker=speculative.draft_worker, req_to_token=req_to_token,
-        sampler=sampler, num_steps=config.speculative.num_steps,
+        sampler=sampler, initial_state=speculative.runtime_state,
+    )
+
+    # adaptive speculation: one policy per batch-size tier, one prebuilt runtime state per candidate
+    adaptive_tiers = providers.Callable(build_tiers, config.adaptive.tiers, config.speculative.num_steps)
+    acceptance_model = Singleton(AcceptanceModel, decay=providers.Callable(factories.decay_of, config.adaptive.ema_alpha))
+    ema_policy = providers.Factory(
+        EmaPolicy, ema_alpha=config.adaptive.ema_alpha, update_interval=config.adaptive.update_interval,
+        warmup_batches=config.adaptive.warmup_batches, down_hysteresis=config.adaptive.down_hysteresis,
+        up_hysteresis=config.adaptive.up_hysteresis,
+    )
+    throughput_policy = providers.Factory(
+        ThroughputPolicy, acceptance=acceptance_model, ema_alpha=config.adaptive.ema_alpha,
+        update_interval=config.adaptive.update_interval, probe_interval=config.adaptive.probe_interval,
+    )
+    make_policy = providers.Selector(config.adaptive.policy, ema=ema_policy.provider, throughput=throughput_policy.provider)
+    adaptive_controller = Singleton(AdaptiveController, tiers=adaptive_tiers, make_policy=make_policy)
+    candidate_states = Singleton(
+        build_candidate_states, __self__, providers.Callable(factories.adaptive_candidates, config.adaptive),
+    )
+    adaptive_worker = Singleton(
+        factories.enable_adaptive, worker=eagle_worker, states=candidate_states, controller=adaptive_controller,
+    )
+    speculative_worker = providers.Selector(
+        config.adaptive.policy, off=eagle_worker, ema=adaptive_worker, throughput=adaptive_worker,
     )
     # the draft head must load before the target runs: it chooses which target layers to capture
-    worker = providers.Selector(config.speculative.algorithm, none=decode_worker, eagle=eagle_worker, eagle3=eagle_worker)
-    scheduler = providers.Singleton(
+    worker = providers.Selector(
+        config.speculative.algorithm, none=decode_worker, eagle=speculative_worker, eagle3=speculative_worker,
+    )
+    scheduler = Singleton(
         Scheduler, kv=cache.manager, max_running_requests=config.cache.max_running_requests,
         max_prefill_tokens=config.cache.max_prefill_tokens, lookahead_tokens=lookahead_tokens,
     )
-    stop_checker = providers.Singleton(
+    stop_checker = Singleton(
         StopChecker, tokenizer=models.tokenizer, eos_token_ids=models.eos_token_ids,
         max_context_len=cache.max_context_len,
     )
     default_sampling = providers.Factory(factories.sampling_params, config.sampling)
-    engine = providers.Singleton(
+    engine = Singleton(
         Engine, tokenizer=models.tokenizer, scheduler=scheduler, worker=worker, stop_checker=stop_checker,
         default_sampling=default_sampling, seed=config.seed, device=models.device,
     )

@@ -60,9 +60,28 @@ def model_dtype(name: str) -> str:
     return name
 
 
-def lookahead_tokens(algorithm: str, num_steps: int) -> int:
+def lookahead_tokens(algorithm: str, max_steps: int) -> int:
     """KV positions a speculative step may write past the committed length (the verify chain)."""
-    return 0 if algorithm == "none" else num_steps + 1
+    return 0 if algorithm == "none" else max_steps + 1
+
+
+def max_steps(num_steps: int, adaptive: dict) -> int:
+    """The largest step count the worker may run: adaptive speculation may pick any candidate."""
+    if adaptive["policy"] == "off":
+        return num_steps
+    return max([num_steps, *(c for tier in adaptive["tiers"] for c in tier["candidates"])])
+
+
+def adaptive_candidates(adaptive: dict) -> list[int]:
+    return sorted({c for tier in adaptive["tiers"] for c in tier["candidates"]})
+
+
+def enable_adaptive(worker, states: dict, controller):
+    return worker.enable_adaptive(states, controller)
+
+
+def decay_of(ema_alpha: float) -> float:
+    return 1.0 - ema_alpha
 
 
 def table_width(max_context_len: int, lookahead: int) -> int:

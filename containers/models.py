@@ -3,16 +3,17 @@
 from dependency_injector import containers, providers
 
 from containers import factories
+from containers.scope import BuildTrackingSingleton as Singleton
 from engine.models.loader import load_llama
 
 
 class ModelContainer(containers.DeclarativeContainer):
     config = providers.Configuration()
 
-    device = providers.Singleton(factories.resolve_device, config.device)
-    target_model = providers.Singleton(
+    device = Singleton(factories.resolve_device, config.device)
+    target_model = Singleton(
         load_llama, path=config.model.path, dtype=providers.Callable(factories.model_dtype, config.model.dtype),
         device=device,
     )
-    tokenizer = providers.Singleton(factories.load_tokenizer, config.model.path)
-    eos_token_ids = providers.Singleton(factories.eos_token_ids, target_model, tokenizer)
+    tokenizer = Singleton(factories.load_tokenizer, config.model.path)
+    eos_token_ids = Singleton(factories.eos_token_ids, target_model, tokenizer)

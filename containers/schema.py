@@ -53,6 +53,8 @@ class DraftSampling(str, Enum):
 
 class AdaptivePolicy(str, Enum):
     off = "off"
+    ema = "ema"
+    throughput = "throughput"
 
 
 @dataclass
@@ -88,8 +90,25 @@ class AttentionConfig:
 
 
 @dataclass
+class AdaptiveTier:
+    batch_size: int = MISSING  # batches up to this size (padded up) use this tier
+    candidates: list[int] = MISSING  # step counts to choose from, sorted, >= 0
+
+
+def _default_tiers() -> list[AdaptiveTier]:
+    return [AdaptiveTier(1, [1, 3, 5, 7]), AdaptiveTier(8, [0, 1, 3]), AdaptiveTier(32, [0, 1]), AdaptiveTier(64, [0])]
+
+
+@dataclass
 class AdaptiveConfig:
     policy: AdaptivePolicy = AdaptivePolicy.off
+    tiers: list[AdaptiveTier] = field(default_factory=_default_tiers)  # sorted by batch_size
+    ema_alpha: float = 0.2  # weight of the newest cycle in every moving average
+    update_interval: int = 5  # cycles between decisions
+    warmup_batches: int = 10  # ema: cycles before the first decision
+    down_hysteresis: float = -0.25  # ema: added to the threshold for fewer steps
+    up_hysteresis: float = 0.0  # ema: added to the threshold for more steps
+    probe_interval: int = 6  # throughput: decisions between probes of a neighbour (0 = never)
 
 
 @dataclass

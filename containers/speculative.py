@@ -3,12 +3,15 @@
 from dependency_injector import containers, providers
 
 from containers import factories
+from containers.scope import BuildTrackingSingleton as Singleton
 from engine.attention.registry import BACKENDS
 from engine.models.draft_loader import load_draft
 from engine.runner import ModelRunner
 from engine.speculative.backend_factory import DraftBackendFactory
 from engine.speculative.chain_buffers import ChainBuffers, PerRequestDraftState
 from engine.speculative.draft_worker import EagleDraftWorker
+from engine.speculative.state import SpecRuntimeState
+from engine.speculative.verify_buffers import VerifyBuffers
 
 
 class SpeculativeContainer(containers.DeclarativeContainer):
@@ -17,24 +20,28 @@ class SpeculativeContainer(containers.DeclarativeContainer):
     target_model = providers.Dependency()
     num_pages = providers.Dependency()
     req_to_token = providers.Dependency()  # the shared request-to-token tensor
+    verify_backend = providers.Dependency()  # builds a fresh target attention backend per call
 
-    draft_model = providers.Singleton(
+    # the step count everything below is built for; adaptive speculation overrides it in a scope
+    num_steps = providers.Callable(int, config.speculative.num_steps)
+
+    draft_model = Singleton(
         load_draft, path=config.draft.path, kind=config.draft.kind, target=target_model,
         dtype=config.draft.dtype, device=device,
     )
-    draft_pool = providers.Singleton(factories.draft_kv_pool, draft_model, num_pages, config.cache.page_size, device)
+    draft_pool = Singleton(factories.draft_kv_pool, draft_model, num_pages, config.cache.page_size, device)
     draft_head_dim = providers.Callable(factories.head_dim_of, draft_model)
     # the draft runner's own backend, kept when no draft-extend backend is created
     draft_runner_backend = providers.Factory(
         factories.attention_backend, providers.Object(BACKENDS), config.attention.backend, draft_head_dim,
     )
-    draft_runner = providers.Singleton(ModelRunner, model=draft_model, kv_pool=draft_pool, attn_backend=draft_runner_backend)
+    draft_runner = Singleton(ModelRunner, model=draft_model, kv_pool=draft_pool, attn_backend=draft_runner_backend)
     backend_factory = providers.Factory(
         DraftBackendFactory,
         backend_classes=providers.Object(BACKENDS),
         head_dim=draft_head_dim,
         topk=config.speculative.topk,
-        num_steps=config.speculative.num_steps,
+        num_steps=num_steps,
         attention_mode=config.speculative.attention_mode,
         prefill_backend=providers.Callable(factories.backend_or_default, config.attention.prefill_backend,
                                            config.attention.backend),
@@ -42,18 +49,26 @@ class SpeculativeContainer(containers.DeclarativeContainer):
                                           config.attention.backend),
         draft_attention_backend=config.speculative.draft_attention_backend,
     )
-    chain_buffers = providers.Singleton(
+    chain_buffers = Singleton(
         ChainBuffers, max_requests=config.cache.max_running_requests,
         hidden_size=providers.Callable(factories.hidden_size_of, draft_model),
         vocab_size=providers.Callable(factories.vocab_size_of, target_model),
         dtype=providers.Callable(factories.model_dtype_of, draft_model), device=device,
     )
-    per_request_state = providers.Singleton(PerRequestDraftState)
+    per_request_state = Singleton(PerRequestDraftState)
     draft_state = providers.Selector(
         providers.Callable(factories.draft_state_kind, config.speculative.chain_fast_path),
         fast=chain_buffers, general=per_request_state,
     )
-    draft_worker = providers.Singleton(
-        EagleDraftWorker, draft_runner=draft_runner, backend_factory=backend_factory, req_to_token=req_to_token,
-        buffers=draft_state, num_steps=config.speculative.num_steps, draft_sampling=config.speculative.draft_sampling,
+    draft_worker = Singleton(
+        EagleDraftWorker, draft_runner=draft_runner, req_to_token=req_to_token, buffers=draft_state,
+        draft_sampling=config.speculative.draft_sampling,
+    )
+    verify_buffers = providers.Factory(
+        VerifyBuffers, max_requests=config.cache.max_running_requests, num_steps=num_steps, device=device,
+    )
+    # everything that depends on the step count, built fresh on each call
+    runtime_state = providers.Factory(
+        SpecRuntimeState.create, num_steps=num_steps, backend_factory=backend_factory, verify_backend=verify_backend,
+        verify_buffers=verify_buffers,
     )

@@ -2,6 +2,7 @@
 
 from engine.errors import ConfigError
 from engine.sampling_params import SamplingParams
+from engine.speculative.adaptive.tiers import middle_candidate
 
 
 def _positive(config: dict, group: str, key: str, minimum: int = 1) -> None:
@@ -39,6 +40,7 @@ def validate_config(config: dict) -> dict:
             f"speculative.algorithm={spec['algorithm']!r} needs a draft head of the same kind, but "
             f"draft.kind={config['draft']['kind']!r}; set draft={spec['algorithm']} (allowed: eagle, eagle3)"
         )
+    notices = _validate_adaptive(config)
     if spec["topk"] != 1:
         raise ConfigError(f"speculative.topk must be 1 (chain drafting), got {spec['topk']}; allowed: 1")
     if spec["topk"] == 1 and spec["num_draft_tokens"] != spec["num_steps"] + 1:
@@ -53,4 +55,47 @@ def validate_config(config: dict) -> dict:
         raise ConfigError("set at most one of `prompt` and `prompts_file`")
     if not isinstance(config["seed"], int) or config["seed"] < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {config['seed']!r}")
+    config["notices"] = [*config.get("notices", []), *notices]  # validating again adds none: num_steps is fixed
     return config
+
+
+def _validate_adaptive(config: dict) -> list[str]:
+    """Check the adaptive group; when the configured step count is not a candidate of the first tier,
+    start at that tier's middle candidate and return a notice saying so."""
+    adaptive, spec = config["adaptive"], config["speculative"]
+    policy = adaptive["policy"]
+    if policy == "off":
+        return []
+    if spec["algorithm"] == "none":
+        raise ConfigError(f"adaptive.policy={policy!r} needs speculative decoding, but speculative.algorithm is 'none'; "
+                          "set speculative=eagle3 (or eagle), or adaptive=off")
+    if spec["topk"] != 1:
+        raise ConfigError(f"adaptive.policy={policy!r} needs chain drafting (speculative.topk=1), got topk={spec['topk']}")
+    alpha = adaptive["ema_alpha"]
+    if not isinstance(alpha, (int, float)) or not 0.0 < alpha <= 1.0:
+        raise ConfigError(f"adaptive.ema_alpha must be in (0, 1], got {alpha!r}")
+    _positive(config, "adaptive", "update_interval")
+    _positive(config, "adaptive", "warmup_batches", minimum=0)
+    _positive(config, "adaptive", "probe_interval", minimum=0)
+    tiers = adaptive["tiers"]
+    if not tiers:
+        raise ConfigError("adaptive.tiers must list at least one tier ({batch_size: N, candidates: [...]})")
+    previous = 0
+    for i, tier in enumerate(tiers):
+        size, candidates = tier["batch_size"], tier["candidates"]
+        if not isinstance(size, int) or size <= previous:
+            raise ConfigError(f"adaptive.tiers[{i}].batch_size must be an integer greater than the previous tier's "
+                              f"({previous}): tiers are sorted by batch size, got {size!r}")
+        previous = size
+        if not candidates or any(not isinstance(c, int) or c < 0 for c in candidates):
+            raise ConfigError(f"adaptive.tiers[{i}].candidates must be a non-empty list of step counts >= 0, got {candidates!r}")
+        if list(candidates) != sorted(set(candidates)):
+            raise ConfigError(f"adaptive.tiers[{i}].candidates must be sorted ascending without repeats, got {candidates!r}")
+    first = tiers[0]["candidates"]
+    if spec["num_steps"] in first:
+        return []
+    start = middle_candidate(first)
+    notice = (f"adaptive: speculative.num_steps={spec['num_steps']} is not a candidate of the first tier "
+              f"{list(first)}; starting at its middle candidate, {start}")
+    spec["num_steps"], spec["num_draft_tokens"] = start, start + 1
+    return [notice]

@@ -70,3 +70,16 @@ def test_multirun_sweep_end_to_end(gqa_checkpoint, tmp_path):
     assert len(runs) == 4
     lengths = sorted(len(json.loads(p.read_text())["outputs"][0]["token_ids"]) for p in runs)
     assert lengths == [2, 2, 3, 3]
+
+
+def test_adaptive_sweep_end_to_end(tmp_path):
+    """`-m adaptive=off,ema,throughput` on the shipped pair; the adaptive runs report their step counts."""
+    proc = run_cli("-m", "adaptive=off,ema,throughput", "prompt=def fib(n):", "sampling.max_new_tokens=24",
+                   "sampling.ignore_eos=true", "speculative.num_steps=2", f"hydra.sweep.dir={tmp_path}/sweep", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("is not a candidate of the first tier") == 2  # ema and throughput start at 5
+    runs = [json.loads(p.read_text()) for p in sorted((tmp_path / "sweep").glob("*/outputs.json"))]
+    assert [r["config"]["adaptive"]["policy"] for r in runs] == ["off", "ema", "throughput"]
+    assert "adaptive_switches" not in runs[0]["metrics"]
+    assert all(sum(r["metrics"]["adaptive_cycles_at_steps"].values()) > 0 for r in runs[1:])
+    assert len({tuple(r["outputs"][0]["token_ids"]) for r in runs}) == 1  # greedy: the same tokens

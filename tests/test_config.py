@@ -28,6 +28,8 @@ def overrides_for(group: str, option: str, checkpoint) -> list[str]:
     if group in SPECULATIVE_GROUPS:
         kind = option if option != "none" else "none"
         return [f"draft={kind}", f"speculative={kind}"]
+    if group == "adaptive":  # adaptive speculation needs a draft head: the shipped pair
+        return [f"adaptive={option}"]
     return [*PLAIN, f"model.path={checkpoint}", f"{group}={option}"]
 
 
@@ -41,6 +43,10 @@ def test_every_option_composes_and_builds(gqa_checkpoint, group, option):
     assert type(runner.attn_backend).name == config["attention"]["backend"]
     if config["speculative"]["algorithm"] != "none":
         assert engine.worker.draft_worker.model.kind == config["draft"]["kind"]
+    if config["adaptive"]["policy"] != "off":
+        tiers = config["adaptive"]["tiers"]
+        assert set(engine.worker.candidate_states) == {c for t in tiers for c in t["candidates"]}
+        assert engine.scheduler.lookahead_tokens == max(c for t in tiers for c in t["candidates"]) + 1
 
 
 def test_default_config_runs_eagle3_on_the_shipped_pair():
@@ -95,6 +101,41 @@ def test_invalid_values_fail_naming_the_field(gqa_checkpoint, overrides, field):
     with pytest.raises(ConfigError) as info:
         compose_config([*PLAIN, f"model.path={gqa_checkpoint}", *overrides])
     assert field in str(info.value)
+
+
+ADAPTIVE_INVALID = [
+    (["adaptive=ema", *PLAIN], "adaptive.policy='ema' needs speculative decoding"),
+    (["adaptive=ema", "adaptive.ema_alpha=0"], "adaptive.ema_alpha"),
+    (["adaptive=ema", "adaptive.ema_alpha=1.5"], "adaptive.ema_alpha"),
+    (["adaptive=ema", "adaptive.update_interval=0"], "adaptive.update_interval"),
+    (["adaptive=ema", "adaptive.warmup_batches=-1"], "adaptive.warmup_batches"),
+    (["adaptive=throughput", "adaptive.probe_interval=-1"], "adaptive.probe_interval"),
+    (["adaptive=ema", "adaptive.tiers=[]"], "adaptive.tiers"),
+    (["adaptive=ema", "adaptive.tiers=[{batch_size:8,candidates:[1]},{batch_size:4,candidates:[1]}]"],
+     "adaptive.tiers[1].batch_size"),
+    (["adaptive=ema", "adaptive.tiers=[{batch_size:1,candidates:[3,1]}]"], "adaptive.tiers[0].candidates must be sorted"),
+    (["adaptive=ema", "adaptive.tiers=[{batch_size:1,candidates:[1,1]}]"], "adaptive.tiers[0].candidates must be sorted"),
+    (["adaptive=ema", "adaptive.tiers=[{batch_size:1,candidates:[-1,2]}]"], "adaptive.tiers[0].candidates"),
+    (["adaptive=ema", "adaptive.tiers=[{batch_size:1,candidates:[]}]"], "adaptive.tiers[0].candidates"),
+    (["adaptive=ema", "adaptive.tiers=[{batch_size:0,candidates:[1]}]"], "adaptive.tiers[0].batch_size"),
+    (["adaptive=ema", "adaptive.tiers=[{batch_size:1}]"], "candidates"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", ADAPTIVE_INVALID, ids=[" ".join(o) for o, _ in ADAPTIVE_INVALID])
+def test_invalid_adaptive_values_fail_naming_the_field(gqa_checkpoint, overrides, message):
+    with pytest.raises(ConfigError) as info:
+        compose_config(overrides)
+    assert message in str(info.value)
+
+
+def test_initial_steps_not_a_candidate_start_at_the_middle_and_say_so():
+    config = compose_config(["adaptive=ema", "speculative.num_steps=4"])
+    assert (config["speculative"]["num_steps"], config["speculative"]["num_draft_tokens"]) == (5, 6)
+    assert "speculative.num_steps=4 is not a candidate" in config["notices"][0]
+    config = compose_config(["adaptive=ema", "speculative.num_steps=3"])
+    assert config["speculative"]["num_steps"] == 3 and config["notices"] == []
+    assert compose_config(["speculative.num_steps=4"])["notices"] == []  # adaptive off: any step count
 
 
 def test_enum_errors_list_allowed_values(gqa_checkpoint):

@@ -8,6 +8,8 @@ from engine import ConfigError, SamplingParams, build_engine
 from engine.attention.torch_native import TorchNativeBackend
 from engine.speculative import bindings
 from engine.speculative.backend_factory import DraftBackendFactory
+from engine.speculative.state import SpecRuntimeState
+from engine.speculative.verify_buffers import VerifyBuffers
 
 
 class RecordingBackend(TorchNativeBackend):
@@ -71,20 +73,40 @@ def test_draft_extend_backend_is_bound_to_the_runner(eagle_engine):
     assert draft.draft_runner.attn_backend not in draft.draft_decode_backend.backends
 
 
+def state_from(f: DraftBackendFactory, num_steps=3) -> SpecRuntimeState:
+    return SpecRuntimeState.create(num_steps, f, TorchNativeBackend(16), VerifyBuffers(4, num_steps, "cpu"))
+
+
 def test_runner_keeps_its_backend_when_there_is_no_draft_extend_backend(eagle_engine):
-    draft = eagle_engine.worker.draft_worker
-    own = draft.draft_runner.attn_backend
-    draft.backend_factory = factory(draft_backend="decode_only")
-    draft.init_attention_backend()
-    assert draft.draft_runner.attn_backend is own
-    assert draft.draft_decode_backend is not None
+    worker = eagle_engine.worker
+    draft = worker.draft_worker
+    own, own_extend = draft.draft_runner.attn_backend, draft.draft_extend_backend
+    state = state_from(factory(draft_backend="decode_only"))
+    assert state.draft_extend_backend is None
+    assert worker.apply_runtime_state(state)
+    assert draft.draft_runner.attn_backend is own and draft.draft_extend_backend is own_extend
+    assert draft.draft_decode_backend is state.draft_decode_backend
+
+
+def test_apply_runtime_state_rebinds_the_runner_and_is_a_no_op_when_unchanged(eagle_engine):
+    worker = eagle_engine.worker
+    state = state_from(factory(num_steps=2), num_steps=2)
+    assert worker.apply_runtime_state(state)
+    draft = worker.draft_worker
+    assert draft.draft_runner.attn_backend is state.draft_extend_backend
+    assert (worker.num_steps, draft.num_steps, worker.verify_backend) == (2, 2, state.verify_backend)
+    before = bindings.snapshot_bindings(worker)
+    assert not worker.apply_runtime_state(state)
+    assert all(before[name] is value for name, value in bindings.snapshot_bindings(worker).items())
 
 
 def record_phases(engine, classes):
     """Rebind the draft worker's backends to recording ones; run; return who ran what."""
-    draft = engine.worker.draft_worker
-    draft.backend_factory.backend_classes = classes
-    draft.init_attention_backend()
+    worker = engine.worker
+    draft = worker.draft_worker
+    f = DraftBackendFactory(classes, draft.model.config.head_dim, 1, worker.num_steps, "prefill",
+                            "torch_native", "torch_native")
+    worker.apply_runtime_state(SpecRuntimeState.create(worker.num_steps, f, worker.verify_backend, worker.verify_buffers))
     RecordingBackend.log = []
     engine.generate(prompt_token_ids=[[0, 5, 9, 14, 3], [0, 7]], sampling=SamplingParams(max_new_tokens=12, ignore_eos=True))
     return draft, list(RecordingBackend.log)
@@ -106,19 +128,21 @@ def test_a_lost_binding_is_caught(eagle_engine, monkeypatch):
     """The upstream regression: the assignment to draft_runner.attn_backend dropped. Draft-extend then
     runs on the runner's own backend, which the recording shows."""
 
-    def lossy_bind(worker, decode_backend, extend_backend):
-        worker.draft_decode_backend = decode_backend
-        worker.draft_extend_backend = extend_backend
+    real_assign = bindings._assign
 
-    monkeypatch.setattr("engine.speculative.draft_worker.bind_draft_backends", lossy_bind)
+    def lossy_assign(worker, values):
+        real_assign(worker, {name: v for name, v in values.items() if name != "draft.draft_runner.attn_backend"})
+
+    monkeypatch.setattr(bindings, "_assign", lossy_assign)
     draft, log = record_phases(eagle_engine, {"torch_native": RecordingBackend})
     assert draft.draft_runner.attn_backend is not draft.draft_extend_backend
     assert not any(backend is draft.draft_extend_backend for backend, _ in log)
 
 
 def test_bindings_snapshot_names_every_binding(eagle_engine):
-    snap = bindings.draft_bindings(eagle_engine.worker.draft_worker)
-    assert snap["draft_runner.attn_backend"] is snap["draft_extend_backend"]
+    snap = bindings.snapshot_bindings(eagle_engine.worker)
+    assert set(snap) == set(bindings.BINDINGS)
+    assert snap["draft.draft_runner.attn_backend"] is snap["draft.draft_extend_backend"]
 
 
 def test_num_draft_tokens_must_match_num_steps_with_topk_1(spec_pair):

@@ -6,31 +6,26 @@ from engine.forward_batch import ForwardBatch
 from engine.runner import ModelRunner
 from engine.sampling import filtered_probs, params_tensors
 from engine.sampling_params import SamplingParams
-from engine.speculative.backend_factory import DraftBackendFactory
-from engine.speculative.bindings import bind_draft_backends
 from engine.speculative.chain_buffers import ChainBuffers
 
 
 class EagleDraftWorker:
-    def __init__(self, draft_runner: ModelRunner, backend_factory: DraftBackendFactory, req_to_token: torch.Tensor,
-                 buffers: ChainBuffers, num_steps: int, draft_sampling: str):
+    """Its step count and backends (`num_steps`, `draft_decode_backend`, `draft_extend_backend`, and
+    `draft_runner.attn_backend`) are bound from a `SpecRuntimeState` by `bindings.bind_runtime_state`."""
+
+    def __init__(self, draft_runner: ModelRunner, req_to_token: torch.Tensor, buffers: ChainBuffers,
+                 draft_sampling: str):
         self.draft_runner = draft_runner
-        self.backend_factory = backend_factory
         self.req_to_token = req_to_token
         self.buffers = buffers
-        self.num_steps = num_steps
         self.draft_sampling = draft_sampling  # "greedy" | "sample"
+        self.num_steps = 0
         self.draft_decode_backend = None
         self.draft_extend_backend = None
-        self.init_attention_backend()
 
     @property
     def model(self):
         return self.draft_runner.model
-
-    def init_attention_backend(self) -> None:
-        bind_draft_backends(self, self.backend_factory.create_decode_backend(),
-                            self.backend_factory.create_draft_extend_backend())
 
     def target_features(self, hidden: torch.Tensor, aux: list[torch.Tensor]) -> torch.Tensor:
         return self.model.target_features(hidden, aux)

@@ -6,7 +6,14 @@ verify [b, d_1..d_k] in one target forward at positions L..L+k, emit the accepte
 target token, commit L += accept_len, then draft-extend over the verified rows. Target KV written
 at rejected positions is never read: the next verify overwrites it, and masks only read below the
 committed length. num_steps = 0 is plain decoding through the same path (draft KV kept warm).
+
+Everything that depends on the step count comes from the bound `SpecRuntimeState`. With adaptive
+speculation a controller picks the step count before each decode iteration, the worker switches to
+that candidate's prebuilt state (a rebinding, between iterations), and the controller is fed the
+host-side accept counts and phase times after each verify.
 """
+
+import time
 
 import torch
 
@@ -14,20 +21,41 @@ from engine.forward_batch import ForwardBatch
 from engine.request import Request
 from engine.runner import ModelRunner
 from engine.sampling import Sampler, filtered_probs, params_tensors
+from engine.speculative.bindings import bind_runtime_state
 from engine.speculative.draft_worker import EagleDraftWorker
 from engine.speculative.metrics import SpecCounters
+from engine.speculative.state import SpecRuntimeState
 from engine.speculative.verify import verify_greedy, verify_sampled_row
 
 
 class EagleWorker:
     def __init__(self, target_runner: ModelRunner, draft_worker: EagleDraftWorker, req_to_token: torch.Tensor,
-                 sampler: Sampler, num_steps: int):
+                 sampler: Sampler, initial_state: SpecRuntimeState):
         self.target_runner = target_runner
         self.draft_worker = draft_worker
         self.req_to_token = req_to_token
         self.sampler = sampler
-        self.num_steps = num_steps
         self.counters = SpecCounters()
+        self.candidate_states: dict[int, SpecRuntimeState] = {}
+        self.controller = None
+        # bound by bind_runtime_state
+        self.state = self.num_steps = self.verify_backend = self.verify_buffers = None
+        bind_runtime_state(self, initial_state)
+
+    def apply_runtime_state(self, state: SpecRuntimeState) -> bool:
+        """Switch to `state` (between iterations); False when it is already the live one."""
+        if state is self.state:
+            return False
+        bind_runtime_state(self, state)
+        return True
+
+    def enable_adaptive(self, candidate_states: dict[int, SpecRuntimeState], controller) -> "EagleWorker":
+        missing = set(controller.all_candidates) - set(candidate_states)
+        if missing:
+            raise ValueError(f"adaptive controller proposes step counts without a runtime state: {sorted(missing)}")
+        self.candidate_states = candidate_states
+        self.controller = controller
+        return self
 
     def step(self, requests: list[Request]) -> list[list[int]]:
         new = [r for r in requests if r.num_computed == 0]
@@ -52,6 +80,9 @@ class EagleWorker:
         return [[t] for t in first]
 
     def decode(self, requests: list[Request]) -> list[list[int]]:
+        if self.controller is not None:
+            self.apply_runtime_state(self.candidate_states[self.controller.choose(len(requests))])
+        clock = _PhaseClock(self.req_to_token.device, sync=self.controller is not None)
         k, b = self.num_steps, len(requests)
         rows = [r.row for r in requests]
         seq_lens = [r.num_computed for r in requests]
@@ -62,9 +93,11 @@ class EagleWorker:
             drafts, draft_probs = self.draft_worker.draft(rows, seq_lens, params, generators)
         else:
             drafts, draft_probs = torch.zeros(b, 0, dtype=torch.int64), None
-        chain = torch.cat([bonus[:, None].to(drafts.device), drafts], dim=1)  # [B, k+1]
+        clock.lap("draft")
+        chain = self.verify_buffers.fill_chain(bonus.to(drafts.device), drafts)  # [B, k+1]
         batch = ForwardBatch.from_tails(rows, chain.tolist(), seq_lens, self.req_to_token)
-        out = self.target_runner.forward(batch, logits_indices=torch.arange(b * (k + 1), device=chain.device))
+        out = self.target_runner.forward(batch, logits_indices=self.verify_buffers.indices(b),
+                                         attn_backend=self.verify_backend)
         logits = out.logits.view(b, k + 1, -1)
 
         accept_lens, tokens = verify_greedy(logits, drafts)
@@ -88,8 +121,34 @@ class EagleWorker:
             request.num_computed += len(tokens_i)
             self.counters.record(k, len(tokens_i))
             request.spec_counters.record(k, len(tokens_i))
+        clock.lap("verify")
         self.draft_worker.forward_draft_extend(rows, seq_lens, emitted, features)
+        clock.lap("extend")
+        if self.controller is not None:
+            self.controller.observe(b, k, [len(e) - 1 for e in emitted], clock.times)
         return emitted
 
     def stats(self) -> dict:
-        return self.counters.as_dict()
+        stats = self.counters.as_dict()
+        if self.controller is not None:
+            stats.update(self.controller.stats())
+        return stats
+
+
+class _PhaseClock:
+    """Wall time of each phase of one iteration, in seconds (synchronised on CUDA when `sync`)."""
+
+    def __init__(self, device: torch.device, sync: bool):
+        self.cuda = sync and torch.device(device).type == "cuda"
+        self.times: dict[str, float] = {}
+        self._last = self._now()
+
+    def _now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        now = self._now()
+        self.times[phase] = now - self._last
+        self._last = now

@@ -1,0 +1,1 @@
+"""Adaptive speculation: batch-size tiers, step-count policies and the controller that runs them."""

@@ -1,0 +1,31 @@
+"""SpecRuntimeState: everything a speculative iteration runs on that depends on the step count.
+
+One state per candidate step count is built ahead of time (by the containers); switching the live
+worker from one to another is a rebinding of these objects, never a rebuild. Eager execution only:
+the engine captures no CUDA graphs, so a state carries no graph runners.
+"""
+
+from dataclasses import dataclass
+
+from engine.attention.multi_step import MultiStepDraftBackend
+from engine.speculative.backend_factory import DraftBackendFactory
+from engine.speculative.verify_buffers import VerifyBuffers
+
+
+@dataclass(frozen=True, eq=False)
+class SpecRuntimeState:
+    num_steps: int
+    num_draft_tokens: int  # counts the bonus token: num_steps + 1 (topk 1)
+    draft_decode_backend: MultiStepDraftBackend | None  # None when num_steps <= 1
+    draft_extend_backend: object | None  # None: the draft runner keeps the backend it has
+    verify_backend: object  # the target backend of the verify forward
+    verify_buffers: VerifyBuffers
+
+    @classmethod
+    def create(cls, num_steps: int, backend_factory: DraftBackendFactory, verify_backend,
+               verify_buffers: VerifyBuffers) -> "SpecRuntimeState":
+        if backend_factory.num_steps != num_steps or verify_buffers.num_steps != num_steps:
+            raise ValueError(f"runtime state for num_steps={num_steps} built from parts for "
+                             f"{backend_factory.num_steps} / {verify_buffers.num_steps} steps")
+        return cls(num_steps, num_steps + 1, backend_factory.create_decode_backend(),
+                   backend_factory.create_draft_extend_backend(), verify_backend, verify_buffers)

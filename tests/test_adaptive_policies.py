@@ -1,0 +1,129 @@
+"""The step-count policies on synthetic accept counts and costs, and the controller's tiers and metrics."""
+
+import random
+
+import pytest
+
+from engine.speculative.adaptive.acceptance import AcceptanceModel
+from engine.speculative.adaptive.controller import AdaptiveController
+from engine.speculative.adaptive.ema import EmaPolicy
+from engine.speculative.adaptive.throughput import ThroughputPolicy
+from engine.speculative.adaptive.tiers import Tier, build_tiers, tier_index
+
+
+def ema(candidates=(1, 3, 5, 7), initial=3, **kw):
+    args = dict(ema_alpha=0.2, update_interval=5, warmup_batches=10, down_hysteresis=-0.25, up_hysteresis=0.0)
+    return EmaPolicy(candidates, initial, **{**args, **kw})
+
+
+def feed(policy, cycles, accepted):
+    for _ in range(cycles):
+        policy.observe(policy.steps, [min(accepted, policy.steps)], {})
+
+
+def test_ema_waits_for_warmup_then_walks_up_one_candidate_per_interval():
+    p = ema()
+    feed(p, 9, accepted=7)
+    assert p.steps == 3  # warmup
+    feed(p, 1, accepted=7)
+    assert p.steps == 5  # ema 3 > 3 - 0.5: up; at 5, ema 3 <= 4.5: stop
+    feed(p, 5, accepted=7)
+    assert p.steps == 5  # ema 3 + 2 * (1 - 0.8^5) = 4.34 <= 4.5
+    feed(p, 5, accepted=7)
+    assert p.steps == 7  # ema 4.79 > 4.5
+    feed(p, 20, accepted=7)
+    assert p.steps == 7
+
+
+def test_ema_walks_down_past_every_threshold_it_is_under():
+    p = ema(initial=7, warmup_batches=0, update_interval=1, ema_alpha=1.0)
+    p.observe(7, [0], {})  # ema 0 <= every threshold: 7 -> 5 -> 3 -> 1
+    assert p.steps == 1
+
+
+@pytest.mark.parametrize("value,expected", [(2.25, 3), (2.3, 5)])
+def test_ema_down_threshold_is_prev_minus_half_plus_hysteresis(value, expected):
+    p = ema(initial=5, warmup_batches=0, update_interval=1, ema_alpha=1.0)
+    p.observe(5, [value], {})  # threshold to 3: 3 - 0.5 - 0.25 = 2.25
+    assert p.steps == expected
+
+
+def test_ema_down_to_zero_uses_half_and_probes_up_from_zero():
+    p = ema(candidates=(0, 1, 3), initial=1, warmup_batches=0, update_interval=1, ema_alpha=1.0)
+    p.observe(1, [0], {})  # 0 <= 0.5
+    assert p.steps == 0
+    p.observe(0, [0], {})  # nothing measured at 0: probe the next candidate, with a fresh average
+    assert p.steps == 1 and p.ema is None
+    p.observe(1, [1], {})  # 1 > 1 - 0.5: up
+    assert p.steps == 3
+
+
+def test_acceptance_model_conditional_rates_and_expectation():
+    m = AcceptanceModel(decay=1.0)
+    m.observe(3, [3, 1, 0, 2])  # position 1 reached 4x accepted 3x; 2: reached 3 accepted 2; 3: reached 2 accepted 1
+    assert m.conditional_rates(4) == [0.75, 2 / 3, 0.5, 0.5]  # deeper than measured: the deepest rate
+    assert m.expected_accepted(3) == pytest.approx(0.75 + 0.75 * 2 / 3 + 0.75 * 2 / 3 * 0.5)
+    assert m.expected_accepted(0) == 0.0
+    assert AcceptanceModel(0.9).expected_accepted(2) is None
+
+
+def best_k(candidates, a, cost):
+    return max(candidates, key=lambda k: (1 + sum(a ** i for i in range(1, k + 1))) / cost(k))
+
+
+@pytest.mark.parametrize("a,cost", [
+    (0.9, lambda k: 1.0 + 0.1 * k),   # cheap drafts, high acceptance: long
+    (0.5, lambda k: 1.0 + 0.3 * k),   # expensive drafts, low acceptance: short
+    (0.2, lambda k: 1.0 + 0.5 * k),   # speculation does not pay: 0
+    (0.7, lambda k: 1.0 + 0.15 * k),
+])
+def test_throughput_finds_the_best_candidate_from_measurements(a, cost):
+    candidates = (0, 1, 3, 5, 7)
+    rng = random.Random(0)
+    p = ThroughputPolicy(candidates, 3, AcceptanceModel(0.95), ema_alpha=0.2, update_interval=5, probe_interval=4)
+    seen = []
+    for _ in range(400):
+        k = p.steps
+        accepted = []
+        for _ in range(16):
+            n = 0
+            while n < k and rng.random() < a:
+                n += 1
+            accepted.append(n)
+        p.observe(k, accepted, {"draft": cost(k) * 0.25, "verify": cost(k) * 0.75})
+        seen.append(p.steps)
+    assert p.best == best_k(candidates, a, cost)
+    assert set(candidates) <= set(seen)  # explored everything
+    assert seen[-100:].count(p.best) >= 70  # mostly at the best; probes are the rest
+
+
+def test_throughput_estimates_none_until_measured():
+    p = ThroughputPolicy((1, 3), 1, AcceptanceModel(0.9), 0.2, 5, 0)
+    assert p.estimated_rate(3) is None
+    p.observe(1, [1], {"verify": 0.5})
+    assert p.estimated_rate(1) == pytest.approx(2 / 0.5) and p.estimated_rate(3) is None
+
+
+class Fixed:
+    def __init__(self, candidates, initial):
+        self.steps, self.seen = initial, []
+
+    def observe(self, num_steps, accepted, timings):
+        self.seen.append((num_steps, accepted))
+
+
+def test_controller_pads_batch_to_its_tier_and_counts_switches():
+    tiers = build_tiers([{"batch_size": 1, "candidates": [1, 3]}, {"batch_size": 8, "candidates": [0, 1]},
+                         {"batch_size": 32, "candidates": [0]}], num_steps=3)
+    assert [t.initial for t in tiers] == [3, 1, 0]  # 3 where it is a candidate, else the middle one
+    assert [tier_index(tiers, b) for b in (1, 2, 8, 9, 32, 500)] == [0, 1, 1, 2, 2, 2]
+    c = AdaptiveController(tiers, Fixed)
+    assert [c.choose(b) for b in (1, 1, 4, 8, 40, 1)] == [3, 3, 1, 1, 0, 3]
+    c.observe(5, 1, [1, 0], {})
+    assert c.policies[1].seen == [(1, [1, 0])] and not c.policies[0].seen
+    assert c.stats() == {"adaptive_cycles_at_steps": {0: 1, 1: 2, 3: 3}, "adaptive_switches": 3}
+    assert c.all_candidates == {0, 1, 3}
+
+
+def test_tier_from_config_types():
+    assert Tier.from_config(4, [0, 2], 2) == Tier(4, (0, 2), 2)

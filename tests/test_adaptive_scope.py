@@ -1,0 +1,209 @@
+"""The scoped override and runtime-state switching: candidates are built without touching the live
+worker, a scope restores everything it touched however it is left, and switching rebinds every
+binding (draft_runner.attn_backend included) through the one binding function."""
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import spec_overrides
+from containers.adaptive import build_adaptive_runtime_state, build_candidate_states, speculative_scope
+from containers.build import build_container
+from containers.compose import compose_config
+from engine.attention.torch_native import TorchNativeBackend
+from engine.speculative.backend_factory import DraftBackendFactory
+from engine.speculative.bindings import BINDINGS, snapshot_bindings
+from engine.speculative.state import SpecRuntimeState
+from engine.speculative.verify_buffers import VerifyBuffers
+
+CANDIDATES = [0, 1, 2, 3, 5]
+
+
+class Injected(Exception):
+    pass
+
+
+class NoExtendBackend(TorchNativeBackend):
+    supports_extend = False
+
+
+@pytest.fixture(scope="module")
+def container(spec_pair):
+    target, heads = spec_pair
+    c = build_container(compose_config(spec_overrides(target, heads["eagle3"], "eagle3", 3)))
+    c.eagle_worker()
+    return c
+
+
+def same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(a[k] is b[k] for k in a)
+
+
+def no_extend_state(worker) -> SpecRuntimeState:
+    f = DraftBackendFactory({"torch_native": TorchNativeBackend, "none": NoExtendBackend}, 16, 1, 2, "prefill",
+                            "torch_native", "torch_native", draft_attention_backend="none")
+    return SpecRuntimeState.create(2, f, TorchNativeBackend(16), VerifyBuffers(4, 2, "cpu"))
+
+
+def assert_consistent(worker):
+    """Every live binding is the active state's (a None draft-extend backend keeps the live one)."""
+    state, draft = worker.state, worker.draft_worker
+    assert worker.num_steps == draft.num_steps == state.num_steps
+    assert draft.draft_decode_backend is state.draft_decode_backend
+    assert worker.verify_backend is state.verify_backend and worker.verify_buffers is state.verify_buffers
+    assert draft.draft_runner.attn_backend is draft.draft_extend_backend
+    if state.draft_extend_backend is not None:
+        assert draft.draft_extend_backend is state.draft_extend_backend
+
+
+def test_building_every_candidate_leaves_the_live_bindings_alone(container):
+    worker = container.eagle_worker()
+    before = snapshot_bindings(worker)
+    states = build_candidate_states(container, CANDIDATES)
+    assert same(snapshot_bindings(worker), before)
+    assert worker.draft_worker.draft_runner.attn_backend is before["draft.draft_runner.attn_backend"]
+    assert states[3] is worker.state
+    for k, state in states.items():
+        assert state.num_steps == k and state.num_draft_tokens == k + 1 and state.verify_buffers.num_steps == k
+        assert (state.draft_decode_backend is None) == (k <= 1)
+        if k > 1:
+            assert state.draft_decode_backend.num_steps == k - 1
+    others = [s for k, s in states.items() if k != 3]
+    assert len({id(s.draft_extend_backend) for s in others}) == len(others)  # each candidate its own
+    assert container.speculative.num_steps() == 3 and not container.speculative.num_steps.overridden
+
+
+def test_apply_runtime_state_sets_the_runner_backend(container):
+    worker = container.eagle_worker()
+    live = worker.state
+    state = build_adaptive_runtime_state(container, 5)
+    assert worker.apply_runtime_state(state)
+    assert worker.draft_worker.draft_runner.attn_backend is state.draft_extend_backend
+    assert_consistent(worker)
+    worker.apply_runtime_state(live)
+    assert worker.draft_worker.draft_runner.attn_backend is live.draft_extend_backend
+
+
+def test_an_exception_inside_the_scope_restores_everything(container):
+    worker = container.eagle_worker()
+    before = snapshot_bindings(worker)
+    assert not container.acceptance_model.built
+    with pytest.raises(Injected):
+        with speculative_scope(container, 5):
+            assert container.speculative.num_steps() == 5
+            worker.apply_runtime_state(container.speculative.runtime_state())  # a builder that binds the live worker
+            container.acceptance_model()
+            assert worker.draft_worker.draft_runner.attn_backend is not before["draft.draft_runner.attn_backend"]
+            raise Injected
+    assert same(snapshot_bindings(worker), before)
+    assert container.speculative.num_steps() == 3 and not container.speculative.num_steps.overridden
+    assert not container.acceptance_model.built
+
+
+def test_nested_scopes_restore_in_either_order(container):
+    worker = container.eagle_worker()
+    num_steps = container.speculative.num_steps
+    before = snapshot_bindings(worker)
+    with speculative_scope(container, 1):
+        worker.apply_runtime_state(container.speculative.runtime_state())
+        middle = snapshot_bindings(worker)
+        with speculative_scope(container, 5):
+            assert num_steps() == 5
+            worker.apply_runtime_state(container.speculative.runtime_state())
+        assert num_steps() == 1 and same(snapshot_bindings(worker), middle)
+    assert num_steps() == 3 and same(snapshot_bindings(worker), before)
+
+    outer, inner = speculative_scope(container, 1), speculative_scope(container, 5)
+    outer.__enter__()
+    inner.__enter__()
+    worker.apply_runtime_state(container.speculative.runtime_state())
+    outer.__exit__(None, None, None)  # leaves the inner scope too
+    assert num_steps() == 3 and not num_steps.overridden and same(snapshot_bindings(worker), before)
+    inner.__exit__(None, None, None)  # already left: nothing to do
+    assert num_steps() == 3 and same(snapshot_bindings(worker), before)
+
+
+def test_scope_pops_to_its_own_depth_not_the_top(container):
+    """An override pushed by someone else inside the scope goes too (dependency-injector's own
+    `with provider.override()` would pop only the top entry)."""
+    num_steps = container.speculative.num_steps
+    with speculative_scope(container, 5):
+        num_steps.override(7)
+        assert len(num_steps.overridden) == 2
+    assert not num_steps.overridden and num_steps() == 3
+
+
+# -- property: random build / apply / nested scopes / exceptions ------------------------------------
+
+op = st.one_of(
+    st.tuples(st.just("build"), st.sampled_from(CANDIDATES), st.sampled_from([None, "raise", "rogue", "rogue_raise"])),
+    st.tuples(st.just("apply"), st.integers(0, 50)),
+    st.tuples(st.just("enter"), st.sampled_from(CANDIDATES)),
+    st.tuples(st.just("exit"), st.integers(0, 50)),
+    st.tuples(st.just("touch")),
+)
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=st.lists(op, max_size=14))
+def test_random_sequences_keep_bindings_equal_to_the_active_state(container, ops):
+    worker = container.eagle_worker()
+    num_steps = container.speculative.num_steps
+    configured = num_steps()
+    pool = [worker.state, no_extend_state(worker)]
+    model = snapshot_bindings(worker)  # what the live bindings must be
+    built = container.acceptance_model.built
+    scopes = []  # open scopes, oldest first: (scope, k, model at entry, built at entry)
+
+    def expect_apply(state):
+        extend = state.draft_extend_backend
+        model.update({"state": state, "num_steps": state.num_steps, "draft.num_steps": state.num_steps,
+                      "draft.draft_decode_backend": state.draft_decode_backend,
+                      "verify_backend": state.verify_backend, "verify_buffers": state.verify_buffers})
+        if extend is not None:
+            model["draft.draft_extend_backend"] = model["draft.draft_runner.attn_backend"] = extend
+
+    try:
+        for o in ops:
+            if o[0] == "build":
+                _, k, fault = o
+                entry_model, entry_built = dict(model), built
+                try:
+                    with speculative_scope(container, k):
+                        if fault in ("rogue", "rogue_raise"):
+                            worker.apply_runtime_state(pool[-1])
+                        state = container.speculative.runtime_state()
+                        if fault in ("raise", "rogue_raise"):
+                            raise Injected
+                    assert state.num_steps == k
+                    pool.append(state)
+                except Injected:
+                    pass
+                model, built = entry_model, entry_built
+            elif o[0] == "apply":
+                state = pool[o[1] % len(pool)]
+                worker.apply_runtime_state(state)
+                expect_apply(state)
+            elif o[0] == "enter":
+                scope = speculative_scope(container, o[1]).__enter__()
+                scopes.append((scope, o[1], dict(model), built))
+            elif o[0] == "exit" and scopes:
+                i = o[1] % len(scopes)
+                scopes[i][0].__exit__(None, None, None)
+                _, _, model, entry_built = scopes[i]
+                built = built and entry_built
+                model = dict(model)
+                del scopes[i:]
+            elif o[0] == "touch":
+                container.acceptance_model()
+                built = True
+            assert same(snapshot_bindings(worker), {name: model[name] for name in BINDINGS})
+            assert_consistent(worker)
+            assert num_steps() == (scopes[-1][1] if scopes else configured)
+            assert len(num_steps.overridden) == len(scopes)
+            assert container.acceptance_model.built == built
+    finally:
+        for scope, *_ in reversed(scopes):
+            scope.__exit__(None, None, None)
+        worker.apply_runtime_state(pool[0])
+        container.acceptance_model.reset()
