@@ -27,6 +27,7 @@ class DType(str, Enum):
 
 class AttentionBackendName(str, Enum):
     torch_native = "torch_native"
+    triton = "triton"
 
 
 class SpeculativeAlgorithm(str, Enum):

@@ -13,6 +13,7 @@ import pytest  # noqa: E402
 sys.path.insert(0, str(Path(__file__).parent))  # tests/checkpoints.py
 
 from checkpoints import write_eagle3_head, write_eagle_head, write_llama  # noqa: E402
+from engine import build_engine  # noqa: E402
 
 PLAIN = ["speculative=none", "draft=none"]  # the default config speculates with the shipped heads
 
@@ -59,6 +60,12 @@ def spec_pair(checkpoint, tmp_path_factory):
         "eagle3": write_eagle3_head(tmp_path_factory.mktemp("eagle3"), target, draft_vocab_size=200),
     }
     return target, heads
+
+
+def plain_token_ids(target, prompts, params) -> list[list[int]]:
+    """Plain greedy decoding of `prompts` on `target`: the reference speculative runs must equal."""
+    with build_engine([*PLAIN, f"model.path={target}"]) as eng:
+        return [o.token_ids for o in eng.generate(prompts, params)]
 
 
 def spec_overrides(target, head, kind, num_steps, *extra):

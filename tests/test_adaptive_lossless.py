@@ -2,12 +2,14 @@
 under the running batch, and the shipped policies run end to end."""
 
 import pytest
+import torch
 from dependency_injector import providers
 
-from conftest import PLAIN, spec_overrides
+from conftest import plain_token_ids, spec_overrides
 from containers.build import build_container
 from containers.compose import compose_config
 from engine import SamplingParams, build_engine
+from engine.request import Request
 
 PROMPTS = ["def add(a, b):", "import os", "class Point:\n    def __init__(self, x, y):", "for", "x = [1, 2, 3]"]
 # unequal lengths: the batch shrinks 5 -> 1 as requests finish, crossing tiers
@@ -36,9 +38,7 @@ class CyclingPolicy:
 
 @pytest.fixture(scope="module")
 def plain_outputs(spec_pair):
-    target, _ = spec_pair
-    with build_engine([*PLAIN, f"model.path={target}"]) as eng:
-        return [o.token_ids for o in eng.generate(PROMPTS, PARAMS)]
+    return plain_token_ids(spec_pair[0], PROMPTS, PARAMS)
 
 
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
@@ -82,3 +82,36 @@ def test_adaptive_sampling_runs_and_is_seeded(spec_pair):
             runs.append([o.token_ids for o in eng.generate(PROMPTS[:3], params)])
             assert eng.metrics()["adaptive_switches"] >= 1
     assert runs[0] == runs[1] and all(len(t) == 24 for t in runs[0])
+
+
+def test_held_draft_extend_equals_running_it_every_iteration(spec_pair):
+    """What 0 steps holds back and replays in one forward leaves the draft KV and the next proposal as
+    running draft-extend after every iteration would."""
+    target, heads = spec_pair
+    results = []
+    for replay in (False, True):
+        with build_engine(spec_overrides(target, heads["eagle3"], "eagle3", 3)) as eng:
+            worker = eng.worker
+            draft = worker.draft_worker
+            request = Request(0, [0, 5, 9, 14, 3], SamplingParams(max_new_tokens=8))
+            eng.scheduler.add(request)
+            (req,) = eng.scheduler.schedule()
+            worker.prefill([req])
+            row, n = req.row, req.num_computed
+            gen = torch.Generator().manual_seed(0)
+            hidden = draft.model.config.hidden_size
+            steps = [([int(t)], torch.randn(1, hidden, generator=gen)) for t in torch.randint(0, 200, (4,), generator=gen)]
+            for i, (tokens, features) in enumerate(steps):
+                if replay:
+                    worker.deferred.hold([row], [n + i], [tokens], features)
+                else:
+                    draft.forward_draft_extend([row], [n + i], [tokens], features)
+            if replay:
+                draft.forward_draft_extend(*worker.deferred.take([row]))
+                assert len(worker.deferred) == 0
+            slots = worker.req_to_token[row, : n + len(steps)]
+            pool = draft.draft_runner.kv_pool
+            results.append((pool.k[0][slots].clone(), pool.v[0][slots].clone(),
+                            *[t.clone() for t in draft.buffers.load(torch.tensor([row]))]))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)

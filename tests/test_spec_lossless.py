@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from conftest import PLAIN, spec_overrides
+from conftest import PLAIN, plain_token_ids, spec_overrides
 from engine import SamplingParams, build_engine
 
 PROMPTS = ["def add(a, b):", "import os", "class Point:\n    def __init__(self, x, y):", "for", "x = [1, 2, 3]"]
@@ -13,9 +13,7 @@ PARAMS = SamplingParams(max_new_tokens=28, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def plain_outputs(spec_pair):
-    target, _ = spec_pair
-    with build_engine([*PLAIN, f"model.path={target}"]) as eng:
-        return [o.token_ids for o in eng.generate(PROMPTS, PARAMS)]
+    return plain_token_ids(spec_pair[0], PROMPTS, PARAMS)
 
 
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])

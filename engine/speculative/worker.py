@@ -5,7 +5,8 @@ prompt shifted by one. Running requests (committed length L, pending bonus b): d
 verify [b, d_1..d_k] in one target forward at positions L..L+k, emit the accepted drafts plus one
 target token, commit L += accept_len, then draft-extend over the verified rows. Target KV written
 at rejected positions is never read: the next verify overwrites it, and masks only read below the
-committed length. num_steps = 0 is plain decoding through the same path (draft KV kept warm).
+committed length. num_steps = 0 is plain decoding through the same path; its draft-extend work is
+held (`DeferredExtend`) and run in one forward before drafting resumes.
 
 Everything that depends on the step count comes from the bound `SpecRuntimeState`. With adaptive
 speculation a controller picks the step count before each decode iteration, the worker switches to
@@ -22,6 +23,7 @@ from engine.request import Request
 from engine.runner import ModelRunner
 from engine.sampling import Sampler, filtered_probs, params_tensors
 from engine.speculative.bindings import bind_runtime_state
+from engine.speculative.deferred_extend import DeferredExtend
 from engine.speculative.draft_worker import EagleDraftWorker
 from engine.speculative.metrics import SpecCounters
 from engine.speculative.state import SpecRuntimeState
@@ -36,6 +38,7 @@ class EagleWorker:
         self.req_to_token = req_to_token
         self.sampler = sampler
         self.counters = SpecCounters()
+        self.deferred = DeferredExtend()
         self.candidate_states: dict[int, SpecRuntimeState] = {}
         self.controller = None
         # bound by bind_runtime_state
@@ -76,6 +79,7 @@ class EagleWorker:
             request.num_computed = len(request.prompt_ids)
         features = self.draft_worker.target_features(out.hidden, out.aux_hidden)
         shifted = [r.prompt_ids[1:] + [t] for r, t in zip(requests, first)]
+        self.deferred.drop(rows)
         self.draft_worker.forward_draft_extend(rows, [0] * len(requests), shifted, features)
         return [[t] for t in first]
 
@@ -90,6 +94,9 @@ class EagleWorker:
         generators = [r.generator for r in requests]
         bonus = torch.tensor([r.output_ids[-1] for r in requests], dtype=torch.int64)
         if k > 0:
+            held = self.deferred.take(rows)
+            if held is not None:  # back from 0 steps: bring the draft KV up to date first
+                self.draft_worker.forward_draft_extend(*held)
             drafts, draft_probs = self.draft_worker.draft(rows, seq_lens, params, generators)
         else:
             drafts, draft_probs = torch.zeros(b, 0, dtype=torch.int64), None
@@ -122,7 +129,10 @@ class EagleWorker:
             self.counters.record(k, len(tokens_i))
             request.spec_counters.record(k, len(tokens_i))
         clock.lap("verify")
-        self.draft_worker.forward_draft_extend(rows, seq_lens, emitted, features)
+        if k > 0:
+            self.draft_worker.forward_draft_extend(rows, seq_lens, emitted, features)
+        else:
+            self.deferred.hold(rows, seq_lens, emitted, features)
         clock.lap("extend")
         if self.controller is not None:
             self.controller.observe(b, k, [len(e) - 1 for e in emitted], clock.times)
