@@ -4,11 +4,17 @@
     python scripts/bench_adaptive.py --batch-sizes 4 --rounds 2 --max-new-tokens 96
 
 The workload alternates predictable prompts (held-out standard-library code) with hard ones
-(English prose, `prompts/natural_language.txt`), all submitted at once; `cache.max_running_requests`
-is the batch size, so the batch stays full until the queue drains. For each batch size, in one run:
-plain decoding, every fixed k among the candidates of the tiers that batch passes through, and the
-`ema` and `throughput` policies (their shipped tiers), each as tokens/s and as ratios to plain and to
-the best fixed k. With --rounds R every configuration runs R times, interleaved, and keeps its best.
+(English prose, `prompts/natural_language.txt`). For a batch size B (`cache.max_running_requests`),
+the prompts go in waves of 2 B: each wave is one `generate` call, so the batch is full for its first
+half and drains in the second, passing through the smaller tiers. A batch size gets
+max(--num-prompts, 8 B) prompts.
+
+For each batch size every configuration is built up front: plain decoding, every fixed k among the
+candidates of the tiers that batch passes through, and the `ema` and `throughput` policies (their
+shipped tiers, state kept across waves). Then each wave runs on every configuration in turn (the
+order rotates from wave to wave), so drifts of this machine's speed fall on all of them alike.
+Reported: tokens/s over all waves, ratios to plain and to the best fixed k, and the per-wave ratio
+to plain (median and range). --rounds R runs the whole workload R times.
 """
 
 import argparse
@@ -32,14 +38,10 @@ NATURAL_LANGUAGE = Path(__file__).resolve().parent / "prompts" / "natural_langua
 
 
 def workload(n: int) -> list[str]:
+    """n prompts, code and prose alternating (prose lines are reused when the file runs out)."""
     code = heldout_prompts(n - n // 2)
     prose = [line for line in NATURAL_LANGUAGE.read_text().splitlines() if line.strip()]
-    if len(prose) < n // 2:
-        raise SystemExit(f"{NATURAL_LANGUAGE} has {len(prose)} prompts, {n // 2} needed")
-    mixed = []
-    for i in range(n):
-        mixed.append(code[i // 2] if i % 2 == 0 else prose[i // 2])
-    return mixed
+    return [code[i // 2] if i % 2 == 0 else prose[(i // 2) % len(prose)] for i in range(n)]
 
 
 def candidates_for(batch_size: int) -> list[int]:
@@ -49,30 +51,45 @@ def candidates_for(batch_size: int) -> list[int]:
     return sorted({k for t in tiers[: tier_index(tiers, batch_size) + 1] for k in t.candidates})
 
 
-def measure(overrides: list[str], prompts: list[str], params: SamplingParams) -> dict:
-    with build_engine(overrides) as eng:
-        eng.generate(prompts[:2], SamplingParams(max_new_tokens=8, ignore_eos=True))  # warmup
-        base = eng.metrics()
+class Contender:
+    """One configuration's engine and what it measured."""
+
+    def __init__(self, name: str, overrides: list[str]):
+        self.name = name
+        self.engine = build_engine(overrides)
+        self.engine.generate(["def f(x):", "The day"], SamplingParams(max_new_tokens=8, ignore_eos=True))  # warmup
+        self.base = self.engine.metrics()
+        self.seconds = 0.0
+        self.tokens = 0
+        self.wave_speeds: list[float] = []
+
+    def run(self, wave: list[str], params: SamplingParams) -> None:
         start = time.perf_counter()
-        outs = eng.generate(prompts, params)
+        outs = self.engine.generate(wave, params)
         seconds = time.perf_counter() - start
-        metrics = eng.metrics()
-    gc.collect()  # the engine's pools go before the next one is built
-    tokens = sum(len(o.token_ids) for o in outs)
-    row = {"tokens_per_s": tokens / seconds, "tokens": tokens, "seconds": seconds}
-    if "mean_accept_length" in metrics:
-        cycles = metrics["num_verify_cycles"] - base["num_verify_cycles"]
-        emitted = (metrics["mean_accept_length"] * metrics["num_verify_cycles"]
-                   - base["mean_accept_length"] * base["num_verify_cycles"])
-        row["tau"] = emitted / cycles if cycles else 0.0
-    if "adaptive_cycles_at_steps" in metrics:
-        row["cycles_at_steps"] = metrics["adaptive_cycles_at_steps"]
-        row["switches"] = metrics["adaptive_switches"]
-    return row
+        tokens = sum(len(o.token_ids) for o in outs)
+        self.seconds += seconds
+        self.tokens += tokens
+        self.wave_speeds.append(tokens / seconds)
+
+    def row(self) -> dict:
+        metrics, base = self.engine.metrics(), self.base
+        row = {"tokens_per_s": self.tokens / self.seconds, "tokens": self.tokens, "seconds": self.seconds}
+        if "mean_accept_length" in metrics:
+            cycles = metrics["num_verify_cycles"] - base["num_verify_cycles"]
+            emitted = (metrics["mean_accept_length"] * metrics["num_verify_cycles"]
+                       - base["mean_accept_length"] * base["num_verify_cycles"])
+            row["tau"] = emitted / cycles if cycles else 0.0
+        if "adaptive_cycles_at_steps" in metrics:
+            row["cycles_at_steps"] = metrics["adaptive_cycles_at_steps"]
+            row["switches"] = metrics["adaptive_switches"]
+        return row
 
 
 def configurations(args, batch_size: int) -> dict[str, list[str]]:
-    common = [f"cache.max_running_requests={batch_size}", *args.override]
+    # a pool just big enough, so every configuration's engine fits in memory at once
+    common = [f"cache.max_running_requests={batch_size}", f"cache.max_total_tokens={max(8192, 512 * batch_size)}",
+              *args.override]
     spec = [f"speculative={args.kind}", f"draft={args.kind}"]
     configs = {"plain": ["speculative=none", "draft=none", *common]}
     for k in candidates_for(batch_size):
@@ -88,43 +105,51 @@ def main() -> None:
     p.add_argument("--batch-sizes", default="1,4,16")
     p.add_argument("--num-prompts", type=int, default=16)
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--rounds", type=int, default=1, help="run the whole workload this many times")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     p.add_argument("override", nargs="*", help="extra config overrides, e.g. cache.page_size=1")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    prompts = workload(args.num_prompts)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, ignore_eos=True)
-    print(f"{args.kind}; {len(prompts)} prompts (code and prose alternating) x {args.max_new_tokens} new tokens, "
-          f"T=0, {args.rounds} round(s), best of rounds; tau = tokens per verify cycle, bonus included", flush=True)
+    print(f"{args.kind}; code and prose prompts alternating x {args.max_new_tokens} new tokens, T=0; "
+          "tau = tokens per verify cycle, bonus included; per wave vs plain: median [min-max]", flush=True)
     results = {}
     for batch_size in (int(b) for b in args.batch_sizes.split(",")):
-        configs = configurations(args, batch_size)
-        best: dict[str, dict] = {}
-        for _ in range(args.rounds):
-            for name, overrides in configs.items():
-                row = measure(overrides, prompts, params)
-                print(f"  batch {batch_size} {name}: {row['tokens_per_s']:.1f} tok/s", file=sys.stderr, flush=True)
-                if name not in best or row["tokens_per_s"] > best[name]["tokens_per_s"]:
-                    best[name] = row
-        plain = best["plain"]["tokens_per_s"]
-        fixed = {n: r for n, r in best.items() if n.startswith("k=")}
+        prompts = workload(max(args.num_prompts, 8 * batch_size))
+        waves = [prompts[i:i + 2 * batch_size] for i in range(0, len(prompts), 2 * batch_size)] * args.rounds
+        contenders = [Contender(name, overrides) for name, overrides in configurations(args, batch_size).items()]
+        for i, wave in enumerate(waves):
+            for c in contenders[i % len(contenders):] + contenders[:i % len(contenders)]:
+                c.run(wave, params)
+            print(f"  batch {batch_size}: wave {i + 1}/{len(waves)}", file=sys.stderr, flush=True)
+        rows = {c.name: c.row() for c in contenders}
+        plain = rows["plain"]["tokens_per_s"]
+        fixed = {n: r for n, r in rows.items() if n.startswith("k=")}
         best_fixed_name = max(fixed, key=lambda n: fixed[n]["tokens_per_s"])
         best_fixed = fixed[best_fixed_name]["tokens_per_s"]
-        print(f"\nbatch {batch_size}: plain {plain:.1f} tok/s; best fixed {best_fixed_name} {best_fixed:.1f} tok/s")
-        print(f"{'config':>10} {'tok/s':>7} {'vs plain':>8} {'vs best k':>9} {'tau':>5}  steps chosen (cycles), switches")
-        for name, r in best.items():
-            r["vs_plain"] = r["tokens_per_s"] / plain
-            r["vs_best_fixed"] = r["tokens_per_s"] / best_fixed
+        plain_waves = contenders[0].wave_speeds
+        print(f"\nbatch {batch_size}, {len(prompts)} prompts x {args.rounds} round(s), {len(waves)} waves: "
+              f"plain {plain:.1f} tok/s; best fixed {best_fixed_name} {best_fixed:.1f} tok/s")
+        print(f"{'config':>10} {'tok/s':>7} {'vs plain':>8} {'vs best k':>9} {'per wave vs plain':>19} {'tau':>5}  "
+              "steps chosen (cycles), switches")
+        for c in contenders:
+            r = rows[c.name]
+            ratios = sorted(s / p for s, p in zip(c.wave_speeds, plain_waves))
+            r.update(vs_plain=r["tokens_per_s"] / plain, vs_best_fixed=r["tokens_per_s"] / best_fixed,
+                     wave_ratios_vs_plain=ratios)
+            per_wave = f"{ratios[len(ratios) // 2]:.2f} [{ratios[0]:.2f}-{ratios[-1]:.2f}]"
             chosen = ""
             if "cycles_at_steps" in r:
                 chosen = " ".join(f"{k}:{n}" for k, n in r["cycles_at_steps"].items()) + f", {r['switches']}"
             tau = f"{r['tau']:.2f}" if "tau" in r else "-"
-            print(f"{name:>10} {r['tokens_per_s']:>7.1f} {r['vs_plain']:>7.2f}x {r['vs_best_fixed']:>8.2f}x {tau:>5}  {chosen}",
-                  flush=True)
-        results[batch_size] = {"best_fixed": best_fixed_name, "rows": best}
+            print(f"{c.name:>10} {r['tokens_per_s']:>7.1f} {r['vs_plain']:>7.2f}x {r['vs_best_fixed']:>8.2f}x "
+                  f"{per_wave:>19} {tau:>5}  {chosen}", flush=True)
+            c.engine.close()
+        results[batch_size] = {"best_fixed": best_fixed_name, "rows": rows}
+        del contenders
+        gc.collect()
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 

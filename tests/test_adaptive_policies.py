@@ -127,3 +127,28 @@ def test_controller_pads_batch_to_its_tier_and_counts_switches():
 
 def test_tier_from_config_types():
     assert Tier.from_config(4, [0, 2], 2) == Tier(4, (0, 2), 2)
+
+
+def test_throughput_does_not_probe_a_neighbour_estimated_far_worse():
+    p = ThroughputPolicy((0, 1, 3), 1, AcceptanceModel(0.9), ema_alpha=0.2, update_interval=5, probe_interval=1)
+    seen = []
+    for _ in range(200):
+        k = p.steps
+        p.observe(k, [0] * 4, {"verify": 1.0 + k})  # nothing is ever accepted; each step costs as much again
+        seen.append(p.steps)
+    assert p.best == 0 and set(seen[-150:]) == {0}
+
+
+def test_acceptance_rates_are_non_increasing_with_depth():
+    m = AcceptanceModel(decay=1.0)
+    m.observe(3, [0, 0, 3, 3])  # a_1 = 0.5, then every reached position accepted (a_2 = a_3 = 1.0)
+    assert m.conditional_rates(3) == [0.5, 0.5, 0.5]
+
+
+def test_throughput_compares_costs_at_the_current_batch_size():
+    p = ThroughputPolicy((1, 3), 1, AcceptanceModel(1.0), ema_alpha=1.0, update_interval=100, probe_interval=0)
+    p.observe(3, [3, 3], {"verify": 1.0})  # k=3 measured with 2 requests: 1.0 s
+    p.observe(1, [1, 1, 1, 1], {"verify": 1.2})  # k=1 measured with 4 requests: 1.2 s
+    assert p.cycle_seconds(3, 4) == pytest.approx(2.0)  # scaled from 2 requests to 4
+    assert p.cycle_seconds(1, 4) == pytest.approx(1.2)
+    assert p.estimated_rate(3) == pytest.approx(4 / 2.0) and p.estimated_rate(1) == pytest.approx(2 / 1.2)

@@ -9,7 +9,11 @@ import itertools
 import pytest
 import torch
 
-from kernels.decode_attention import decode_attention, decode_workspace
+from kernel_device import on_device
+from kernels import decode_attention as decode_module
+from kernels.decode_attention import decode_workspace
+
+decode_attention = on_device(decode_module.decode_attention)
 
 def param_id(value):
     if isinstance(value, torch.dtype):

@@ -6,7 +6,10 @@ import itertools
 import pytest
 import torch
 
-from kernels.store_kv import store_kv
+from kernel_device import on_device
+from kernels import store_kv as store_kv_module
+
+store_kv = on_device(store_kv_module.store_kv)
 
 
 def param_id(value):

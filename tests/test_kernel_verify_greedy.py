@@ -6,7 +6,11 @@ import random
 import pytest
 import torch
 
-from kernels.verify_greedy import chain_layout, verify_greedy
+from kernel_device import on_device
+from kernels import verify_greedy as verify_module
+from kernels.verify_greedy import chain_layout
+
+verify_greedy = on_device(verify_module.verify_greedy)
 
 
 def tree_layout(parents):

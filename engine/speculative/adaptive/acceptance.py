@@ -3,7 +3,10 @@ not on the batch size).
 
 Position i (1-based) is *reached* in a cycle when it was drafted and every draft before it was
 accepted. The conditional rate a_i = accepted_i / reached_i; the expected number of accepted drafts
-with k steps is sum_{i<=k} prod_{j<=i} a_j. Positions never reached take the deepest measured rate.
+with k steps is sum_{i<=k} prod_{j<=i} a_j. The rates used are made non-increasing with depth (a
+deeper position is assumed no easier than a shallower one): positions not drafted lately keep the
+rates of the text they were last measured on, and this keeps a stale deep rate from outbidding
+what the fresh shallow ones say. Positions never reached take the deepest measured rate.
 """
 
 
@@ -33,6 +36,8 @@ class AcceptanceModel:
         rates = [a / r for a, r in zip(self.accepted, self.reached) if r > 1e-9]
         if not rates:
             return None
+        for i in range(1, len(rates)):
+            rates[i] = min(rates[i], rates[i - 1])
         return [rates[min(i, len(rates) - 1)] for i in range(depth)]
 
     def expected_accepted(self, num_steps: int) -> float | None:
