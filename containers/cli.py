@@ -72,7 +72,7 @@ def run(config: dict, output_dir: str | Path | None = None, console: Console | N
             else:
                 console.print(out.prompt, end="", markup=False, highlight=False, style="dim")
                 console.print(out.text, markup=False, highlight=False)
-    console.print(summary_line(metrics), markup=False, highlight=False)
+    console.print(summary_line(metrics), markup=False, highlight=False, soft_wrap=True)
     result = {"config": config, "metrics": metrics, "outputs": [vars(o) for o in outputs]}
     if output_dir is not None:
         path = Path(output_dir) / "outputs.json"
