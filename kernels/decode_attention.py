@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.checks import require
 from kernels.tuning import launch_configs
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -147,11 +148,6 @@ def _decode_merge_kernel(
              merged.to(out_ptr.dtype.element_ty), mask=mask_d)
 
 
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ValueError(message)
-
-
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor,
                      req_rows: torch.Tensor, seq_lens: torch.Tensor, out: torch.Tensor, sm_scale: float,
                      num_kv_splits: int = 8, workspace: DecodeWorkspace | None = None) -> torch.Tensor:
@@ -168,48 +164,48 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     workspace:    from `decode_workspace(>= B, Hq, num_kv_splits, D, device)`; allocated when None.
     Scores are accumulated in float32.
     """
-    _require(q.dim() == 3, f"q must be [B, Hq, D], got shape {tuple(q.shape)}")
+    require(q.dim() == 3, f"q must be [B, Hq, D], got shape {tuple(q.shape)}")
     batch, num_heads, head_dim = q.shape
-    _require(k_cache.dim() == 3 and k_cache.shape[2] == head_dim,
+    require(k_cache.dim() == 3 and k_cache.shape[2] == head_dim,
              f"k_cache must be [S, Hkv, {head_dim}], got shape {tuple(k_cache.shape)}")
-    _require(v_cache.shape == k_cache.shape,
+    require(v_cache.shape == k_cache.shape,
              f"v_cache shape {tuple(v_cache.shape)} must equal k_cache shape {tuple(k_cache.shape)}")
     num_kv_heads = k_cache.shape[1]
-    _require(num_kv_heads > 0 and num_heads % num_kv_heads == 0,
+    require(num_kv_heads > 0 and num_heads % num_kv_heads == 0,
              f"q heads ({num_heads}) must be a multiple of the k_cache heads ({num_kv_heads})")
-    _require(req_to_token.dim() == 2, f"req_to_token must be [R, C], got shape {tuple(req_to_token.shape)}")
-    _require(req_rows.shape == (batch,), f"req_rows must be [{batch}], got shape {tuple(req_rows.shape)}")
-    _require(seq_lens.shape == (batch,), f"seq_lens must be [{batch}], got shape {tuple(seq_lens.shape)}")
-    _require(out.shape == q.shape, f"out must be {tuple(q.shape)} like q, got shape {tuple(out.shape)}")
-    _require(out.dtype == q.dtype, f"out must have q's dtype {q.dtype}, got {out.dtype}")
-    _require(isinstance(num_kv_splits, int) and num_kv_splits >= 1,
+    require(req_to_token.dim() == 2, f"req_to_token must be [R, C], got shape {tuple(req_to_token.shape)}")
+    require(req_rows.shape == (batch,), f"req_rows must be [{batch}], got shape {tuple(req_rows.shape)}")
+    require(seq_lens.shape == (batch,), f"seq_lens must be [{batch}], got shape {tuple(seq_lens.shape)}")
+    require(out.shape == q.shape, f"out must be {tuple(q.shape)} like q, got shape {tuple(out.shape)}")
+    require(out.dtype == q.dtype, f"out must have q's dtype {q.dtype}, got {out.dtype}")
+    require(isinstance(num_kv_splits, int) and num_kv_splits >= 1,
              f"num_kv_splits must be a positive int, got {num_kv_splits!r}")
-    _require(isinstance(sm_scale, (int, float)) and math.isfinite(sm_scale),
+    require(isinstance(sm_scale, (int, float)) and math.isfinite(sm_scale),
              f"sm_scale must be a finite float, got {sm_scale!r}")
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        _require(t.dtype in _DTYPES, f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
+        require(t.dtype in _DTYPES, f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
     for name, t in (("req_to_token", req_to_token), ("req_rows", req_rows), ("seq_lens", seq_lens)):
-        _require(t.dtype in _INDEX_DTYPES, f"{name} must be int32 or int64, got {t.dtype}")
+        require(t.dtype in _INDEX_DTYPES, f"{name} must be int32 or int64, got {t.dtype}")
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("req_to_token", req_to_token),
                     ("out", out)):
-        _require(t.stride(-1) == 1, f"{name} must be contiguous in its last dim, got strides {t.stride()}")
+        require(t.stride(-1) == 1, f"{name} must be contiguous in its last dim, got strides {t.stride()}")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("req_to_token", req_to_token),
                     ("req_rows", req_rows), ("seq_lens", seq_lens), ("out", out)):
-        _require(t.device == q.device, f"{name} is on {t.device}, q on {q.device}")
+        require(t.device == q.device, f"{name} is on {t.device}, q on {q.device}")
 
     if workspace is None:
         workspace = decode_workspace(batch, num_heads, num_kv_splits, head_dim, q.device)
     partial_out, partial_lse = workspace
-    _require(partial_out.dim() == 4 and partial_out.shape[0] >= batch
+    require(partial_out.dim() == 4 and partial_out.shape[0] >= batch
              and partial_out.shape[1:] == (num_heads, num_kv_splits, head_dim),
              f"workspace.partial_out must be [>={batch}, {num_heads}, {num_kv_splits}, {head_dim}], "
              f"got shape {tuple(partial_out.shape)}")
-    _require(partial_lse.shape == partial_out.shape[:3],
+    require(partial_lse.shape == partial_out.shape[:3],
              f"workspace.partial_lse must be {tuple(partial_out.shape[:3])}, got shape {tuple(partial_lse.shape)}")
     for name, t in (("workspace.partial_out", partial_out), ("workspace.partial_lse", partial_lse)):
-        _require(t.dtype == torch.float32, f"{name} must be float32, got {t.dtype}")
-        _require(t.stride(-1) == 1, f"{name} must be contiguous in its last dim, got strides {t.stride()}")
-        _require(t.device == q.device, f"{name} is on {t.device}, q on {q.device}")
+        require(t.dtype == torch.float32, f"{name} must be float32, got {t.dtype}")
+        require(t.stride(-1) == 1, f"{name} must be contiguous in its last dim, got strides {t.stride()}")
+        require(t.device == q.device, f"{name} is on {t.device}, q on {q.device}")
     if batch == 0:
         return out
 

@@ -8,6 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.checks import require
 from kernels.tuning import launch_configs
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -45,11 +46,6 @@ def _store_kv_kernel(
     tl.store(v_dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ValueError(message)
-
-
 def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              slots: torch.Tensor) -> None:
     """Write `k`, `v` into the caches at `slots`, in place.
@@ -60,21 +56,21 @@ def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
     slots:            [N] int64; `-1` skips the token (padding).
     All on one device.
     """
-    _require(k_cache.dim() == 3, f"k_cache must be [S, Hkv, D], got shape {tuple(k_cache.shape)}")
-    _require(v_cache.shape == k_cache.shape,
+    require(k_cache.dim() == 3, f"k_cache must be [S, Hkv, D], got shape {tuple(k_cache.shape)}")
+    require(v_cache.shape == k_cache.shape,
              f"v_cache shape {tuple(v_cache.shape)} must equal k_cache shape {tuple(k_cache.shape)}")
     num_slots, num_kv_heads, head_dim = k_cache.shape
-    _require(k.dim() == 3 and k.shape[1:] == (num_kv_heads, head_dim),
+    require(k.dim() == 3 and k.shape[1:] == (num_kv_heads, head_dim),
              f"k must be [N, {num_kv_heads}, {head_dim}] to match the cache, got shape {tuple(k.shape)}")
-    _require(v.shape == k.shape, f"v shape {tuple(v.shape)} must equal k shape {tuple(k.shape)}")
-    _require(slots.dim() == 1 and slots.shape[0] == k.shape[0],
+    require(v.shape == k.shape, f"v shape {tuple(v.shape)} must equal k shape {tuple(k.shape)}")
+    require(slots.dim() == 1 and slots.shape[0] == k.shape[0],
              f"slots must be [N] with N = {k.shape[0]}, got shape {tuple(slots.shape)}")
-    _require(slots.dtype == torch.int64, f"slots must be int64, got {slots.dtype}")
+    require(slots.dtype == torch.int64, f"slots must be int64, got {slots.dtype}")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
-        _require(t.dtype in _DTYPES, f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
-        _require(t.stride(-1) == 1, f"{name} must be contiguous in its last dim, got strides {t.stride()}")
+        require(t.dtype in _DTYPES, f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
+        require(t.stride(-1) == 1, f"{name} must be contiguous in its last dim, got strides {t.stride()}")
     for name, t in (("v_cache", v_cache), ("k", k), ("v", v), ("slots", slots)):
-        _require(t.device == k_cache.device, f"{name} is on {t.device}, k_cache on {k_cache.device}")
+        require(t.device == k_cache.device, f"{name} is on {t.device}, k_cache on {k_cache.device}")
     num_tokens = k.shape[0]
     if num_tokens == 0:
         return

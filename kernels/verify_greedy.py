@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.checks import require
 from kernels.tuning import launch_configs
 
 
@@ -62,11 +63,6 @@ def _verify_greedy_kernel(
     tl.store(accept_lens_ptr + batch, num_accepted)
 
 
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ValueError(message)
-
-
 def chain_layout(batch: int, num_drafts: int, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
     """(next_token, next_sibling), each [batch, num_drafts + 1] int64, of a chain: node i's child is i + 1."""
     num_nodes = num_drafts + 1
@@ -91,23 +87,23 @@ def verify_greedy(candidates: torch.Tensor, next_token: torch.Tensor, next_sibli
     emitted:        [B, T] int64 out, target_predict at the path nodes, padded with -1.
     All on one device, last dim contiguous. Child and sibling links outside [0, T) end a walk.
     """
-    _require(candidates.dim() == 2 and candidates.shape[1] >= 1,
+    require(candidates.dim() == 2 and candidates.shape[1] >= 1,
              f"candidates must be [B, T] with T >= 1, got shape {tuple(candidates.shape)}")
     batch, num_nodes = candidates.shape
     inputs = (("candidates", candidates), ("next_token", next_token), ("next_sibling", next_sibling),
               ("target_predict", target_predict))
     outputs = (("accept_index", accept_index, torch.int32), ("emitted", emitted, torch.int64))
     for name, t in inputs:
-        _require(t.shape == (batch, num_nodes), f"{name} must be [{batch}, {num_nodes}], got shape {tuple(t.shape)}")
-        _require(t.dtype == torch.int64, f"{name} must be int64, got {t.dtype}")
-    _require(accept_lens.shape == (batch,), f"accept_lens must be [{batch}], got shape {tuple(accept_lens.shape)}")
-    _require(accept_lens.dtype == torch.int32, f"accept_lens must be int32, got {accept_lens.dtype}")
+        require(t.shape == (batch, num_nodes), f"{name} must be [{batch}, {num_nodes}], got shape {tuple(t.shape)}")
+        require(t.dtype == torch.int64, f"{name} must be int64, got {t.dtype}")
+    require(accept_lens.shape == (batch,), f"accept_lens must be [{batch}], got shape {tuple(accept_lens.shape)}")
+    require(accept_lens.dtype == torch.int32, f"accept_lens must be int32, got {accept_lens.dtype}")
     for name, t, dtype in outputs:
-        _require(t.shape == (batch, num_nodes), f"{name} must be [{batch}, {num_nodes}], got shape {tuple(t.shape)}")
-        _require(t.dtype == dtype, f"{name} must be {dtype}, got {t.dtype}")
+        require(t.shape == (batch, num_nodes), f"{name} must be [{batch}, {num_nodes}], got shape {tuple(t.shape)}")
+        require(t.dtype == dtype, f"{name} must be {dtype}, got {t.dtype}")
     for name, t in (*inputs, ("accept_lens", accept_lens), *((n, t) for n, t, _ in outputs)):
-        _require(t.stride(-1) == 1, f"{name} must be contiguous in its last dim, got strides {t.stride()}")
-        _require(t.device == candidates.device, f"{name} is on {t.device}, candidates on {candidates.device}")
+        require(t.stride(-1) == 1, f"{name} must be contiguous in its last dim, got strides {t.stride()}")
+        require(t.device == candidates.device, f"{name} is on {t.device}, candidates on {candidates.device}")
     if batch == 0:
         return accept_lens, accept_index, emitted
 
