@@ -11,7 +11,10 @@ from engine.sampling_params import SamplingParams
 from engine.tokenizer import Tokenizer
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, num_threads: int | None = None) -> torch.device:
+    """The device `name` names, with torch's CPU thread count set to `num_threads` (None: torch's default)."""
+    if num_threads is not None:
+        torch.set_num_threads(num_threads)
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
@@ -112,8 +115,8 @@ def hidden_size_of(model) -> int:
     return model.config.hidden_size
 
 
-def vocab_size_of(model) -> int:
-    return model.config.vocab_size
+def draft_vocab_size_of(draft) -> int:
+    return draft.draft_vocab_size
 
 
 def draft_state_kind(chain_fast_path: bool) -> str:

@@ -10,10 +10,10 @@ from engine.models.loader import load_llama
 class ModelContainer(containers.DeclarativeContainer):
     config = providers.Configuration()
 
-    device = Singleton(factories.resolve_device, config.device)
+    device = Singleton(factories.resolve_device, config.device, config.num_threads)
     target_model = Singleton(
         load_llama, path=config.model.path, dtype=providers.Callable(factories.model_dtype, config.model.dtype),
-        device=device,
+        device=device, weight_layout=config.model.weight_layout,
     )
     tokenizer = Singleton(factories.load_tokenizer, config.model.path)
     eos_token_ids = Singleton(factories.eos_token_ids, target_model, tokenizer)

@@ -25,6 +25,12 @@ class DType(str, Enum):
     bfloat16 = "bfloat16"
 
 
+class WeightLayout(str, Enum):
+    auto = "auto"
+    transposed = "transposed"
+    linear = "linear"
+
+
 class AttentionBackendName(str, Enum):
     torch_native = "torch_native"
     triton = "triton"
@@ -62,6 +68,8 @@ class AdaptivePolicy(str, Enum):
 class ModelConfig:
     path: str = MISSING  # a Hugging Face Llama directory
     dtype: DType = DType.auto  # auto = the checkpoint's torch_dtype
+    # fused projections stored [in, out] (transposed, x @ W) or [out, in] (linear); auto: timed at load
+    weight_layout: WeightLayout = WeightLayout.auto
 
 
 @dataclass
@@ -142,6 +150,7 @@ class Config:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     device: Device = Device.auto
+    num_threads: Optional[int] = None  # CPU threads of torch's kernels; null: torch's default, one per core
     seed: int = 0
     prompt: Optional[str] = None
     prompts_file: Optional[str] = None  # one prompt per line, or JSONL with a "prompt" field

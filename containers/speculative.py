@@ -27,7 +27,7 @@ class SpeculativeContainer(containers.DeclarativeContainer):
 
     draft_model = Singleton(
         load_draft, path=config.draft.path, kind=config.draft.kind, target=target_model,
-        dtype=config.draft.dtype, device=device,
+        dtype=config.draft.dtype, device=device, weight_layout=config.model.weight_layout,
     )
     draft_pool = Singleton(factories.draft_kv_pool, draft_model, num_pages, config.cache.page_size, device)
     draft_head_dim = providers.Callable(factories.head_dim_of, draft_model)
@@ -52,7 +52,7 @@ class SpeculativeContainer(containers.DeclarativeContainer):
     chain_buffers = Singleton(
         ChainBuffers, max_requests=config.cache.max_running_requests,
         hidden_size=providers.Callable(factories.hidden_size_of, draft_model),
-        vocab_size=providers.Callable(factories.vocab_size_of, target_model),
+        vocab_size=providers.Callable(factories.draft_vocab_size_of, draft_model),
         dtype=providers.Callable(factories.model_dtype_of, draft_model), device=device,
     )
     per_request_state = Singleton(PerRequestDraftState)

@@ -23,6 +23,9 @@ def validate_config(config: dict) -> dict:
         _positive(config, "cache", "max_context_len", minimum=2)
 
     SamplingParams(**config["sampling"]).validate("sampling")
+    threads = config["num_threads"]
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        raise ConfigError(f"num_threads must be an integer >= 1, or null for one thread per core; got {threads!r}")
 
     spec = config["speculative"]
     _positive(config, "speculative", "num_steps", minimum=0)

@@ -1,6 +1,7 @@
 """What one model forward needs: the packed new tokens of every request and where their KV goes."""
 
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 import torch
 
@@ -17,6 +18,7 @@ class ForwardBatch:
     # bound by the runner just before the forward
     kv_pool: object = field(default=None, repr=False)
     attn_backend: object = field(default=None, repr=False)
+    _last_token_indices: torch.Tensor | None = field(default=None, repr=False)
 
     @property
     def batch_size(self) -> int:
@@ -29,19 +31,28 @@ class ForwardBatch:
     @property
     def last_token_indices(self) -> torch.Tensor:
         # [B] row of each request's last new token in the packed layout
-        ends = torch.tensor(self.extend_lens, device=self.input_ids.device).cumsum(0)
-        return ends - 1
+        if self._last_token_indices is None:
+            ends = [end - 1 for end in accumulate(self.extend_lens)]
+            self._last_token_indices = torch.tensor(ends, dtype=torch.int64, device=self.input_ids.device)
+        return self._last_token_indices
 
     @classmethod
-    def from_tails(cls, rows: list[int], token_tails: list[list[int]], prefix_lens: list[int],
+    def from_tails(cls, rows: list[int], token_tails: list[list[int]] | torch.Tensor, prefix_lens: list[int],
                    req_to_token: torch.Tensor) -> "ForwardBatch":
-        """Batch that extends request `rows[i]` by `token_tails[i]` after its `prefix_lens[i]` committed tokens."""
+        """Batch that extends request `rows[i]` by `token_tails[i]` after its `prefix_lens[i]` committed tokens.
+        `token_tails` is a list of token lists, or a tensor [B, w] when every request extends by w tokens
+        (then the ids stay on the device)."""
         device = req_to_token.device
-        extend_lens = [len(t) for t in token_tails]
+        if isinstance(token_tails, torch.Tensor):
+            extend_lens = [token_tails.shape[1]] * token_tails.shape[0]
+            input_ids = token_tails.reshape(-1)
+        else:
+            extend_lens = [len(t) for t in token_tails]
+            input_ids = torch.tensor([t for tail in token_tails for t in tail], dtype=torch.int64, device=device)
+        # host lists, one copy each: positions and table rows of every new token
+        positions = [p + j for p, e in zip(prefix_lens, extend_lens) for j in range(e)]
+        token_rows = [r for r, e in zip(rows, extend_lens) for _ in range(e)]
+        index = torch.tensor([token_rows, positions], dtype=torch.int64).to(device, non_blocking=True)  # [2, N]
+        out_cache_loc = req_to_token[index[0], index[1]]
         row_t = torch.tensor(rows, dtype=torch.int64, device=device)
-        positions = torch.cat([torch.arange(p, p + e, dtype=torch.int64) for p, e in zip(prefix_lens, extend_lens)])
-        positions = positions.to(device)
-        row_per_token = torch.repeat_interleave(row_t, torch.tensor(extend_lens, device=device))
-        out_cache_loc = req_to_token[row_per_token, positions]
-        input_ids = torch.tensor([t for tail in token_tails for t in tail], dtype=torch.int64, device=device)
-        return cls(input_ids, positions, row_t, list(prefix_lens), extend_lens, out_cache_loc, req_to_token)
+        return cls(input_ids, index[1], row_t, list(prefix_lens), extend_lens, out_cache_loc, req_to_token)

@@ -46,6 +46,9 @@ class Request:
 
     @property
     def uncomputed_ids(self) -> list[int]:
+        num_prompt = len(self.prompt_ids)
+        if self.num_computed >= num_prompt:  # decoding: only output tokens are pending
+            return self.output_ids[self.num_computed - num_prompt:]
         return self.all_ids[self.num_computed:]
 
     @property

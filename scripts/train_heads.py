@@ -46,7 +46,7 @@ class Heads(torch.nn.Module):
         # shared, frozen: not parameters of the heads
         object.__setattr__(self, "target", target)
         self.eagle.embed_tokens = self.eagle3.embed_tokens = target.model.embed_tokens
-        self.eagle.lm_head = target.lm_head
+        self.eagle.share_target_lm_head(target)
         self.draft_vocab_ids = draft_vocab_ids
 
     def head_parameters(self):

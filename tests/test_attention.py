@@ -57,4 +57,4 @@ def test_extend_over_paged_prefix_matches_naive(page_size, num_heads, num_kv_hea
 def test_store_skips_padded_slots():
     pool = PagedKVPool(1, 2, 4, 1, 2, torch.float32, torch.device("cpu"))
     pool.store(0, torch.tensor([3, -1, 5]), torch.ones(3, 1, 2), torch.ones(3, 1, 2))
-    assert pool.k[0][:, 0, 0].tolist() == [0, 0, 0, 1, 0, 1, 0, 0]
+    assert pool.k[0][:pool.num_slots, 0, 0].tolist() == [0, 0, 0, 1, 0, 1, 0, 0]

@@ -52,8 +52,8 @@ class PagedCase:
         for layer in range(2):  # every slot holds random KV, so an unwritten slot read by mistake shows
             k, v = torch.randn(2, num_pages * page_size, num_kv_heads, head_dim, generator=gen).to(DEVICE, dtype)
             for pool in self.pools:
-                pool.k[layer].copy_(k)
-                pool.v[layer].copy_(v)
+                pool.k[layer][:pool.num_slots].copy_(k)
+                pool.v[layer][:pool.num_slots].copy_(v)
         self.gen = gen
 
     def run(self, backends, prefix_lens, extend_lens, layer=1):

@@ -1,8 +1,14 @@
-"""Attention in plain torch: gathers each request's paged KV into a padded batch and runs SDPA.
+"""Attention in plain torch: reads each request's paged KV and runs SDPA.
 
 Runs on CPU and CUDA. Extend (prefill, verify, draft-extend) and decode are one code path: a decode
 is an extend by one token. The mask lets query `j` of a request see KV index `i` when
 `i <= prefix_len + j` and `i < seq_len`, so padding is never read.
+
+Everything that depends only on the batch (KV gather indices, mask, padding layout) is computed once
+per forward in `init_forward_metadata` and shared by all layers. Per layer, the KV of a lone request
+whose slots form one contiguous run is read as a view (no copy); otherwise one `index_select` over
+precomputed flat indices gathers it. Requests that all extend by the same number of tokens (decode,
+chain verify) need no padding: their packed queries already form the [B, q_len] grid.
 """
 
 from dataclasses import dataclass
@@ -15,10 +21,12 @@ from engine.forward_batch import ForwardBatch
 
 @dataclass
 class TorchNativeMetadata:
-    kv_slots: torch.Tensor  # [B, max_kv] slots of every request's KV (padding clamped to 0, masked)
-    mask: torch.Tensor  # [B, 1, max_q, max_kv] True = attend
-    dest: torch.Tensor  # [N] row of each packed query in the padded [B * max_q] layout
     max_q: int
+    max_kv: int
+    kv_range: tuple[int, int] | None  # (first slot, seq_len): a lone request's KV is pool[first:first + seq_len]
+    kv_index: torch.Tensor | None  # [B * max_kv] slots of every request's KV (padding clamped to 0, masked)
+    mask: torch.Tensor | None  # [B, 1, max_q, max_kv] True = attend; None: every query sees all max_kv
+    dest: torch.Tensor | None  # [N] row of each packed query in the padded [B * max_q] layout; None: no padding
 
 
 class TorchNativeBackend:
@@ -30,30 +38,63 @@ class TorchNativeBackend:
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         device = batch.input_ids.device
-        extend = torch.tensor(batch.extend_lens, dtype=torch.int64, device=device)
-        prefix = torch.tensor(batch.prefix_lens, dtype=torch.int64, device=device)
-        seq = prefix + extend
-        b, max_q, max_kv = batch.batch_size, max(batch.extend_lens), max(batch.seq_lens)
-        kv_slots = batch.req_to_token[batch.req_rows, :max_kv].clamp(min=0)
-        kv_idx = torch.arange(max_kv, device=device)
-        q_idx = prefix[:, None] + torch.arange(max_q, device=device)[None, :]  # [B, max_q]
-        mask = (kv_idx[None, None, :] <= q_idx[:, :, None]) & (kv_idx[None, None, :] < seq[:, None, None])
-        starts = extend.cumsum(0) - extend
-        req_of_token = torch.repeat_interleave(torch.arange(b, device=device), extend)
-        offset = torch.arange(int(extend.sum()), device=device) - starts[req_of_token]
-        self.metadata = TorchNativeMetadata(kv_slots, mask[:, None], req_of_token * max_q + offset, max_q)
+        prefix_lens, extend_lens = batch.prefix_lens, batch.extend_lens
+        seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
+        b, max_q, max_kv = len(extend_lens), max(extend_lens), max(seq_lens)
+        uniform = min(extend_lens) == max_q
+        kv_slots = batch.req_to_token[batch.req_rows, :max_kv]  # [B, max_kv]
+        kv_range = _contiguous_run(kv_slots[0]) if b == 1 and max_q == 1 else None
+        kv_index = None if kv_range is not None else kv_slots.clamp(min=0).flatten()
+        if max_q == 1 and min(seq_lens) == max_kv:
+            mask = None  # decode over equal lengths: every key is visible to its query
+        else:
+            prefix = torch.tensor(prefix_lens, dtype=torch.int64, device=device)
+            seq = torch.tensor(seq_lens, dtype=torch.int64, device=device)
+            kv_idx = torch.arange(max_kv, device=device)
+            q_idx = prefix[:, None] + torch.arange(max_q, device=device)[None, :]  # [B, max_q]
+            mask = ((kv_idx[None, None, :] <= q_idx[:, :, None]) & (kv_idx[None, None, :] < seq[:, None, None]))[:, None]
+        dest = None if uniform else _padded_rows(extend_lens, max_q, device)
+        self.metadata = TorchNativeMetadata(max_q, max_kv, kv_range, kv_index, mask, dest)
 
     def forward(self, q, k, v, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
+        # q: [N, Hq, D]; k, v: [N, Hkv, D] -> [N, Hq, D]
         pool = batch.kv_pool
         pool.store(layer_id, batch.out_cache_loc, k, v)
         meta = self.metadata
         b, n, num_heads, head_dim = batch.batch_size, q.shape[0], q.shape[1], q.shape[2]
-        q_pad = q.new_zeros(b * meta.max_q, num_heads, head_dim)
-        q_pad[meta.dest] = q
-        q_pad = q_pad.view(b, meta.max_q, num_heads, head_dim).transpose(1, 2)  # [B, Hq, max_q, D]
-        keys = pool.k[layer_id][meta.kv_slots].transpose(1, 2).to(q.dtype)  # [B, Hkv, max_kv, D]
-        values = pool.v[layer_id][meta.kv_slots].transpose(1, 2).to(q.dtype)
-        out = F.scaled_dot_product_attention(q_pad, keys, values, attn_mask=meta.mask, scale=self.scale,
-                                             enable_gqa=keys.shape[1] != num_heads)
-        out = out.transpose(1, 2).reshape(b * meta.max_q, num_heads, head_dim)
-        return out[meta.dest].view(n, num_heads, head_dim)
+        if meta.dest is None:
+            q_pad = q.view(b, meta.max_q, num_heads, head_dim)
+        else:
+            q_pad = q.new_zeros(b * meta.max_q, num_heads, head_dim)
+            q_pad[meta.dest] = q
+            q_pad = q_pad.view(b, meta.max_q, num_heads, head_dim)
+        keys, values = pool.k[layer_id], pool.v[layer_id]
+        if meta.kv_range is not None:
+            first, length = meta.kv_range
+            keys, values = keys[first:first + length].unsqueeze(0), values[first:first + length].unsqueeze(0)
+        else:
+            keys = keys.index_select(0, meta.kv_index).view(b, meta.max_kv, *keys.shape[1:])
+            values = values.index_select(0, meta.kv_index).view(b, meta.max_kv, *values.shape[1:])
+        if keys.dtype != q.dtype:
+            keys, values = keys.to(q.dtype), values.to(q.dtype)
+        out = F.scaled_dot_product_attention(q_pad.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
+                                             attn_mask=meta.mask, scale=self.scale,
+                                             enable_gqa=keys.shape[2] != num_heads)  # [B, Hq, max_q, D]
+        out = out.transpose(1, 2)
+        if meta.dest is None:
+            return out.reshape(n, num_heads, head_dim)
+        return out.reshape(b * meta.max_q, num_heads, head_dim)[meta.dest]
+
+
+def _contiguous_run(slots: torch.Tensor) -> tuple[int, int] | None:
+    """(first, length) when the distinct `slots` [L] are exactly first..first+L-1 (in any order: a lone
+    query attends to all of them, so their order does not matter); None otherwise."""
+    low, high = torch.aminmax(slots)
+    low, high = int(low), int(high)
+    return (low, slots.shape[0]) if low >= 0 and high - low == slots.shape[0] - 1 else None
+
+
+def _padded_rows(extend_lens: list[int], max_q: int, device) -> torch.Tensor:
+    # [N] position of each packed query in the [B * max_q] padded layout
+    rows = [i * max_q + j for i, e in enumerate(extend_lens) for j in range(e)]
+    return torch.tensor(rows, dtype=torch.int64, device=device)

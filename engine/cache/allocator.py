@@ -1,4 +1,8 @@
-"""Page allocator with exact accounting: every page is either free or owned by exactly one request."""
+"""Page allocator with exact accounting: every page is either free or owned by exactly one request.
+
+Pages are handed out lowest-numbered first, so a request admitted into a pool that is not fragmented
+gets one contiguous run of slots (attention then reads its KV as a view instead of a gather).
+"""
 
 from engine.errors import EyasError
 
@@ -6,7 +10,7 @@ from engine.errors import EyasError
 class PageAllocator:
     def __init__(self, num_pages: int):
         self.num_pages = num_pages
-        self._free = list(range(num_pages - 1, -1, -1))  # a stack: pop() hands out page 0 first
+        self._free = list(range(num_pages - 1, -1, -1))  # kept sorted descending: pop() hands out the lowest
         self._owned: set[int] = set()
 
     @property
@@ -33,3 +37,4 @@ class PageAllocator:
                 raise EyasError(f"page {page} freed twice or never allocated")
             self._owned.remove(page)
             self._free.append(page)
+        self._free.sort(reverse=True)

@@ -1,7 +1,8 @@
 """One model's paged KV cache: K and V of every layer over a flat array of token slots.
 
-Slot `s` lives on page `s // page_size`. The slot `-1` never names a real entry: writes to it are
-skipped (padded rows of a batch carry it).
+Slot `s` lives on page `s // page_size`. The slot `-1` never names a real entry: padded rows of a
+batch carry it, and their writes land in one extra scratch row at the end of each layer's tensor
+(index -1), which no request owns and nothing reads; so a store needs no check on the host.
 """
 
 import torch
@@ -14,14 +15,12 @@ class PagedKVPool:
         self.num_pages = num_pages
         self.page_size = page_size
         self.num_slots = num_pages * page_size
-        shape = (self.num_slots, num_kv_heads, head_dim)
+        shape = (self.num_slots + 1, num_kv_heads, head_dim)  # + the scratch row of slot -1
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
 
     def store(self, layer_id: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        # slots: [N] (-1 = skip); k, v: [N, Hkv, D]
-        keep = slots >= 0
-        if not bool(keep.all()):
-            slots, k, v = slots[keep], k[keep], v[keep]
-        self.k[layer_id][slots] = k.to(self.k[layer_id].dtype)
-        self.v[layer_id][slots] = v.to(self.v[layer_id].dtype)
+        # slots: [N] (-1 = skip: the scratch row); k, v: [N, Hkv, D]
+        k_cache, v_cache = self.k[layer_id], self.v[layer_id]
+        k_cache.index_put_((slots,), k if k.dtype == k_cache.dtype else k.to(k_cache.dtype))
+        v_cache.index_put_((slots,), v if v.dtype == v_cache.dtype else v.to(v_cache.dtype))

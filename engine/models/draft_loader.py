@@ -10,7 +10,7 @@ from engine.models.config import LlamaConfig, load_llama_config, read_json
 from engine.models.eagle import EagleDraftModel
 from engine.models.eagle3 import Eagle3DraftModel
 from engine.models.llama import LlamaDecoderLayer, LlamaForCausalLM
-from engine.models.loader import assign_state, checkpoint_dir, read_tensors, resolve_dtype
+from engine.models.loader import assign_state, checkpoint_dir, pack_for_inference, read_tensors, resolve_dtype
 
 EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3",)
 EAGLE_ARCHITECTURES = ("LlamaForCausalLM", "EagleForCausalLM", "LlamaForCausalLMEagle")
@@ -63,7 +63,7 @@ def _t2d_from(d2t: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 
 def load_draft(path: str | Path, kind: str, target: LlamaForCausalLM, dtype: str = "auto",
-               device: str | torch.device = "cpu") -> nn.Module:
+               device: str | torch.device = "cpu", weight_layout: str = "auto") -> nn.Module:
     """Load the head at `path` (`kind`: eagle | eagle3) and attach the target's shared modules."""
     if kind not in DRAFT_KINDS:
         raise CheckpointError(f"draft.kind {kind!r} is not a draft head; allowed: {list(DRAFT_KINDS)}")
@@ -89,7 +89,9 @@ def load_draft(path: str | Path, kind: str, target: LlamaForCausalLM, dtype: str
     else:
         model.embed_tokens = target.model.embed_tokens
     if not is_eagle3:
-        model.lm_head = target.lm_head
+        model.share_target_lm_head(target)
     model.rotary.reset(device)
     target.aux_layer_ids = model.target_aux_layer_ids(target.config.num_hidden_layers)
-    return model.eval().requires_grad_(False)
+    model.eval().requires_grad_(False)
+    pack_for_inference(model, weight_layout, device)
+    return model

@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from engine.models.config import LlamaConfig
-from engine.models.llama import LlamaDecoderLayer
+from engine.models.fused_linear import FusedLinear
+from engine.models.llama import LlamaDecoderLayer, layer_shapes
 from engine.models.rope import RotaryEmbedding
 
 
@@ -24,6 +25,19 @@ class EagleDraftModel(nn.Module):
         self.rotary = RotaryEmbedding(config)
         self.embed_tokens: nn.Embedding | None = None  # shared with the target unless the head ships one
         self.lm_head: nn.Linear | None = None  # the target's
+        self.logits_proj: FusedLinear | None = None  # the target's
+        self.fc_proj = FusedLinear([self.fc])
+
+    def projection_shapes(self) -> dict[str, tuple[int, int]]:
+        h = self.config.hidden_size
+        return {**layer_shapes(self.config), "fc": (2 * h, h)}
+
+    def share_target_lm_head(self, target) -> None:
+        self.lm_head, self.logits_proj = target.lm_head, target.logits_proj
+
+    def pack(self, layouts: dict[str, str]) -> None:
+        self.fc_proj.pack(layouts["fc"])
+        self.layers[0].pack(layouts)
 
     def target_aux_layer_ids(self, num_target_layers: int) -> tuple[int, ...]:
         return ()
@@ -33,8 +47,19 @@ class EagleDraftModel(nn.Module):
 
     def forward(self, input_ids, positions, batch, features):
         # input_ids, positions: [N]; features: [N, H] -> (predicted features [N, H], [])
-        x = self.fc(torch.cat((self.embed_tokens(input_ids), features.to(self.fc.weight.dtype)), dim=-1))
-        return self.layers[0](x, positions, self.rotary, batch), []
+        embeds = self.embed_tokens(input_ids)
+        x = self.fc_proj(torch.cat((embeds, features.to(embeds.dtype)), dim=-1))
+        return self.layers[0](x, self.rotary.tables(positions, x.dtype), batch), []
+
+    @property
+    def draft_vocab_size(self) -> int:
+        return self.config.vocab_size  # the target's vocabulary
+
+    def draft_token_ids(self) -> torch.Tensor:
+        return torch.arange(self.config.vocab_size, device=self.fc.weight.device)
+
+    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()  # [M, V] in target ids
+        return self.logits_proj(hidden).float()  # [M, V] in target ids

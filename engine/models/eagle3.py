@@ -11,8 +11,9 @@ import torch
 from torch import nn
 
 from engine.models.config import LlamaConfig
-from engine.models.llama import LlamaAttention, LlamaMLP, RMSNorm
-from engine.models.rope import RotaryEmbedding
+from engine.models.fused_linear import FusedLinear
+from engine.models.llama import LlamaAttention, LlamaMLP, RMSNorm, layer_shapes
+from engine.models.rope import RopeTables, RotaryEmbedding
 
 
 class Eagle3DecoderLayer(nn.Module):
@@ -24,10 +25,14 @@ class Eagle3DecoderLayer(nn.Module):
         self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, embeds, hidden, positions, rotary, batch):
-        x = torch.cat((self.input_layernorm(embeds), self.hidden_norm(hidden)), dim=-1)
-        hidden = hidden + self.self_attn(x, positions, rotary, batch)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+    def pack(self, layouts: dict[str, str]) -> None:
+        self.self_attn.pack(layouts)
+        self.mlp.pack(layouts)
+
+    def forward(self, embeds, hidden, rope: RopeTables, batch):
+        x = torch.cat((self.input_layernorm(embeds), self.hidden_norm(hidden)), dim=-1)  # [N, 2H]
+        hidden = self.self_attn(x, rope, batch, residual=hidden)
+        return self.mlp(self.post_attention_layernorm(hidden), residual=hidden)
 
 
 class Eagle3DraftModel(nn.Module):
@@ -39,6 +44,7 @@ class Eagle3DraftModel(nn.Module):
         self.config = config
         self.draft_vocab_size = draft_vocab_size
         self.aux_layer_ids = aux_layer_ids
+        self.target_hidden_size = target_hidden_size
         self.fc = nn.Linear(3 * target_hidden_size, config.hidden_size, bias=False)
         self.midlayer = Eagle3DecoderLayer(config)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -47,6 +53,18 @@ class Eagle3DraftModel(nn.Module):
         self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
         self.rotary = RotaryEmbedding(config)
         self.embed_tokens: nn.Embedding | None = None  # the target's unless the head ships one
+        self.fc_proj = FusedLinear([self.fc])
+        self.logits_proj = FusedLinear([self.lm_head])
+
+    def projection_shapes(self) -> dict[str, tuple[int, int]]:
+        h = self.config.hidden_size
+        return {**layer_shapes(self.config, input_size=2 * h), "fc": (3 * self.target_hidden_size, h),
+                "lm_head": (h, self.draft_vocab_size)}
+
+    def pack(self, layouts: dict[str, str]) -> None:
+        self.fc_proj.pack(layouts["fc"])
+        self.midlayer.pack(layouts)
+        self.logits_proj.pack(layouts["lm_head"])
 
     def target_aux_layer_ids(self, num_target_layers: int) -> tuple[int, ...]:
         if self.aux_layer_ids is not None:
@@ -54,19 +72,19 @@ class Eagle3DraftModel(nn.Module):
         return (2, num_target_layers // 2, num_target_layers - 3)
 
     def target_features(self, final_hidden: torch.Tensor, aux: list[torch.Tensor]) -> torch.Tensor:
-        return self.fc(torch.cat(aux, dim=-1).to(self.fc.weight.dtype))  # [N, 3H_target] -> [N, H]
+        return self.fc_proj(torch.cat(aux, dim=-1).to(self.fc.weight.dtype))  # [N, 3H_target] -> [N, H]
 
     def forward(self, input_ids, positions, batch, features):
         # features: fused target features or the previous step's hidden, [N, H] -> (hidden [N, H], [])
         embeds = self.embed_tokens(input_ids).to(features.dtype)
-        return self.midlayer(embeds, features, positions, self.rotary, batch), []
+        return self.midlayer(embeds, features, self.rotary.tables(positions, features.dtype), batch), []
 
     def draft_token_ids(self) -> torch.Tensor:
         return torch.arange(self.draft_vocab_size, device=self.d2t.device) + self.d2t  # [Vd] target ids
 
+    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]  # draft-vocab ids -> target ids
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        # [M, H] -> [M, V_target]: draft-vocab scores at their target ids, -inf elsewhere
-        draft_logits = self.lm_head(self.norm(hidden)).float()
-        out = draft_logits.new_full((hidden.shape[0], self.config.vocab_size), float("-inf"))
-        out[:, self.draft_token_ids()] = draft_logits
-        return out
+        # [M, H] -> [M, Vd]: scores over the draft vocabulary (`draft_to_target` maps ids back)
+        return self.logits_proj(self.norm(hidden)).float()

@@ -2,7 +2,9 @@
 
 Every forward takes the new tokens of all requests flattened to one dimension (`[N]`); attention
 reads and writes the paged KV cache through the backend bound to the batch (`batch.attn_backend`).
-Module names mirror Hugging Face's so checkpoints load without renaming.
+Module names mirror Hugging Face's so checkpoints load without renaming. For inference, `pack`
+fuses q/k/v and gate/up into single GEMMs (`FusedLinear`); residual adds ride in the GEMMs that
+end each block (`addmm`), and RoPE tables are computed once per forward for all layers.
 """
 
 import torch
@@ -10,7 +12,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from engine.models.config import LlamaConfig
-from engine.models.rope import RotaryEmbedding
+from engine.models.fused_linear import FusedLinear
+from engine.models.rope import RopeTables, RotaryEmbedding
 
 
 class RMSNorm(nn.Module):
@@ -20,10 +23,12 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Hugging Face's LlamaRMSNorm: normalise in float32, cast back, then scale
         dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        if dtype != torch.float32:
+            x = x.float()
+        x = x * torch.rsqrt(x.square().mean(-1, keepdim=True).add_(self.eps))
+        return self.weight * (x if dtype == torch.float32 else x.to(dtype))
 
 
 class LlamaAttention(nn.Module):
@@ -39,15 +44,23 @@ class LlamaAttention(nn.Module):
         self.k_proj = nn.Linear(x, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(x, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=bias)
+        self.qkv = FusedLinear([self.q_proj, self.k_proj, self.v_proj])
+        self.out = FusedLinear([self.o_proj])
 
-    def forward(self, x, positions, rotary, batch):
+    def pack(self, layouts: dict[str, str]) -> None:
+        self.qkv.pack(layouts["qkv"])
+        self.out.pack(layouts["o"])
+
+    def forward(self, x, rope: RopeTables, batch, residual=None):
+        # x: [N, in] -> residual + attention output, [N, H]
         n = x.shape[0]
-        q = self.q_proj(x).view(n, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
-        q, k = rotary(positions, q, k)
+        qk_width = (self.num_heads + self.num_kv_heads) * self.head_dim
+        qkv = self.qkv(x)  # [N, (Hq + 2 Hkv) D]
+        qk = rope.apply(qkv[:, :qk_width].view(n, self.num_heads + self.num_kv_heads, self.head_dim))
+        q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
+        v = qkv[:, qk_width:].view(n, self.num_kv_heads, self.head_dim)
         out = batch.attn_backend.forward(q, k, v, self.layer_id, batch)  # [N, Hq, D]
-        return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
+        return self.out(out.reshape(n, self.num_heads * self.head_dim), residual)
 
 
 class LlamaMLP(nn.Module):
@@ -57,9 +70,24 @@ class LlamaMLP(nn.Module):
         self.gate_proj = nn.Linear(h, i, bias=bias)
         self.up_proj = nn.Linear(h, i, bias=bias)
         self.down_proj = nn.Linear(i, h, bias=bias)
+        self.gate_up = FusedLinear([self.gate_proj, self.up_proj])
+        self.down = FusedLinear([self.down_proj])
 
-    def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def pack(self, layouts: dict[str, str]) -> None:
+        self.gate_up.pack(layouts["gate_up"])
+        self.down.pack(layouts["down"])
+
+    def forward(self, x, residual=None):
+        gate_up = self.gate_up(x)  # [N, 2I]
+        i = gate_up.shape[-1] // 2
+        return self.down(F.silu(gate_up[:, :i]) * gate_up[:, i:], residual)
+
+
+def layer_shapes(config: LlamaConfig, input_size: int | None = None) -> dict[str, tuple[int, int]]:
+    """(in_features, out_features) of a decoder layer's fused projections, by `pack` layout name."""
+    h, i, d = config.hidden_size, config.intermediate_size, config.head_dim
+    q, kv = config.num_attention_heads * d, config.num_key_value_heads * d
+    return {"qkv": (input_size or h, q + 2 * kv), "o": (q, h), "gate_up": (h, 2 * i), "down": (i, h)}
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -71,9 +99,13 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps) if input_norm else nn.Identity()
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x, positions, rotary, batch):
-        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, batch)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def pack(self, layouts: dict[str, str]) -> None:
+        self.self_attn.pack(layouts)
+        self.mlp.pack(layouts)
+
+    def forward(self, x, rope: RopeTables, batch):
+        x = self.self_attn(self.input_layernorm(x), rope, batch, residual=x)
+        return self.mlp(self.post_attention_layernorm(x), residual=x)
 
 
 class LlamaModel(nn.Module):
@@ -87,11 +119,12 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids, positions, batch, aux_layer_ids=()):
         # input_ids, positions: [N] -> hidden [N, H], plus the residual stream entering each aux layer
         x = self.embed_tokens(input_ids)
+        rope = self.rotary.tables(positions, x.dtype)
         captured = {}
         for i, layer in enumerate(self.layers):
             if i in aux_layer_ids:
                 captured[i] = x
-            x = layer(x, positions, self.rotary, batch)
+            x = layer(x, rope, batch)
         return self.norm(x), [captured[i] for i in aux_layer_ids]
 
 
@@ -101,11 +134,22 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         self.model = LlamaModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.logits_proj = FusedLinear([self.lm_head])
         self.aux_layer_ids: tuple[int, ...] = ()  # layers whose input an EAGLE-3 head reads
+
+    def projection_shapes(self) -> dict[str, tuple[int, int]]:
+        return {**layer_shapes(self.config), "lm_head": (self.config.hidden_size, self.config.vocab_size)}
+
+    def pack(self, layouts: dict[str, str]) -> None:
+        """Fuse projections for inference (see `FusedLinear`); a tied lm_head keeps the embedding's layout."""
+        for layer in self.model.layers:
+            layer.pack(layouts)
+        tied = self.lm_head.weight is self.model.embed_tokens.weight
+        self.logits_proj.pack("linear" if tied else layouts["lm_head"])
 
     def forward(self, input_ids, positions, batch):
         return self.model(input_ids, positions, batch, self.aux_layer_ids)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [M, H] -> logits [M, V] in float32
-        return self.lm_head(hidden).float()
+        return self.logits_proj(hidden).float()

@@ -7,6 +7,7 @@ from safetensors import safe_open
 
 from engine.errors import CheckpointError
 from engine.models.config import DTYPES, LlamaConfig, load_llama_config, read_json
+from engine.models.fused_linear import choose_layouts
 from engine.models.llama import LlamaForCausalLM
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -83,7 +84,14 @@ def assign_state(module: torch.nn.Module, tensors: dict, dtype: torch.dtype, dev
     module.load_state_dict(state, assign=True)
 
 
-def load_llama(path: str | Path, dtype: str = "auto", device: str | torch.device = "cpu") -> LlamaForCausalLM:
+def pack_for_inference(model: torch.nn.Module, weight_layout: str, device: torch.device) -> None:
+    """Fuse the model's projections in the layout `weight_layout` names (`auto`: timed here)."""
+    dtype = next(p for p in model.parameters() if p.is_floating_point()).dtype
+    model.pack(choose_layouts(model.projection_shapes(), weight_layout, dtype, device))
+
+
+def load_llama(path: str | Path, dtype: str = "auto", device: str | torch.device = "cpu",
+               weight_layout: str = "auto") -> LlamaForCausalLM:
     directory = checkpoint_dir(path)
     config: LlamaConfig = load_llama_config(directory)
     torch_dtype = resolve_dtype(dtype, config.torch_dtype)
@@ -100,4 +108,6 @@ def load_llama(path: str | Path, dtype: str = "auto", device: str | torch.device
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.model.rotary.reset(device)
-    return model.eval().requires_grad_(False)
+    model.eval().requires_grad_(False)
+    pack_for_inference(model, weight_layout, device)
+    return model

@@ -31,9 +31,24 @@ def rope_inv_freq(config: LlamaConfig) -> torch.Tensor:
     return inv_freq
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def _sin_sign(head_dim: int) -> torch.Tensor:
+    half = head_dim // 2
+    return torch.cat((-torch.ones(half), torch.ones(half)))  # [D]
+
+
+class RopeTables:
+    """cos / sin of one forward's positions, computed once and applied in every layer.
+
+    Llama's `rotate_half(x) * sin` equals `roll(x, D/2) * signed_sin` with the first half of `sin` negated:
+    one roll instead of two slices, a negation and a cat, with the same products and sums."""
+
+    def __init__(self, cos: torch.Tensor, signed_sin: torch.Tensor):
+        self.cos = cos  # [N, 1, D]
+        self.signed_sin = signed_sin  # [N, 1, D]
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [N, H, D] (q and k heads side by side) -> rotated, [N, H, D]
+        return x * self.cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * self.signed_sin
 
 
 class RotaryEmbedding(nn.Module):
@@ -41,15 +56,15 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         self.config = config
         self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
+        self.register_buffer("sin_sign", _sin_sign(config.head_dim), persistent=False)
 
     def reset(self, device: torch.device) -> None:
         """Recompute the frequencies (after building the model on the meta device)."""
         self.inv_freq = rope_inv_freq(self.config).to(device)
+        self.sin_sign = _sin_sign(self.config.head_dim).to(device)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        # positions: [N]; q: [N, Hq, D]; k: [N, Hkv, D]
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> RopeTables:
+        # positions: [N]
         freqs = positions.float()[:, None] * self.inv_freq.float()[None, :]  # [N, D/2]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos = emb.cos().to(q.dtype)[:, None, :]
-        sin = emb.sin().to(q.dtype)[:, None, :]
-        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # [N, 1, D]
+        return RopeTables(emb.cos().to(dtype), emb.sin().to(dtype) * self.sin_sign.to(dtype))

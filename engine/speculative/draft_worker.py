@@ -37,41 +37,45 @@ class EagleDraftWorker:
         keeps each request's last output for its next first proposal. Runs on `draft_runner.attn_backend`."""
         batch = ForwardBatch.from_tails(rows, tokens, prefix_lens, self.req_to_token)
         out = self.draft_runner.forward(batch, features=features)
-        self.buffers.store(batch.req_rows, out.hidden[batch.last_token_indices], out.logits)
+        self.buffers.store(batch.req_rows, out.hidden[batch.last_token_indices], out.logits)  # logits: [B, Vd]
 
     def draft(self, rows: list[int], seq_lens: list[int], params: list[SamplingParams],
               generators: list) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Propose `num_steps` tokens per request after its committed `seq_lens` tokens.
-        Returns drafts [B, k] and, when drafts are sampled, their distributions q [B, k, V]."""
+        Returns drafts [B, k] (target ids) and, when drafts are sampled, their distributions q [B, k, V]
+        over the target vocabulary."""
         row_t = torch.tensor(rows, dtype=torch.int64, device=self.req_to_token.device)
-        hidden, logits = self.buffers.load(row_t)
+        hidden, logits = self.buffers.load(row_t)  # [B, H], [B, Vd]
         sample = self.draft_sampling == "sample" and any(not p.greedy for p in params)
         tokens, probs = [], []
         for step in range(self.num_steps):
-            token, q = self._select(logits, params, generators, sample)
+            token, q = self._select(logits, params, generators) if sample else (self._greedy(logits), None)
             tokens.append(token)
             probs.append(q)
             if step == self.num_steps - 1:
                 break
             # draft row L + step pairs the proposal of this step with the previous step's hidden
-            batch = ForwardBatch.from_tails(rows, token[:, None].tolist(), [n + step for n in seq_lens], self.req_to_token)
+            batch = ForwardBatch.from_tails(rows, token[:, None], [n + step for n in seq_lens], self.req_to_token)
             backend = self.draft_decode_backend.backend_for_step(step)
             out = self.draft_runner.forward(batch, attn_backend=backend, features=hidden)
             hidden, logits = out.hidden, out.logits
         drafts = torch.stack(tokens, dim=1)
         return drafts, (torch.stack(probs, dim=1) if sample else None)
 
-    @staticmethod
-    def _select(logits: torch.Tensor, params: list[SamplingParams], generators: list, sample: bool):
-        greedy = logits.argmax(dim=-1)
-        if not sample:
-            return greedy, None
-        # requests at temperature 0 keep the argmax and a point-mass q
-        probs = filtered_probs(logits, *params_tensors(params, logits.device))
-        tokens = greedy.clone()
+    def _greedy(self, logits: torch.Tensor) -> torch.Tensor:
+        # [B, Vd] draft-vocab logits -> [B] target ids of their argmax
+        return self.model.draft_to_target(logits.argmax(dim=-1))
+
+    def _select(self, logits: torch.Tensor, params: list[SamplingParams], generators: list):
+        """Sampled drafts: [B] target ids and q [B, V] over the target vocabulary; requests at
+        temperature 0 keep the argmax with a point-mass q."""
+        draft_probs = filtered_probs(logits, *params_tensors(params, logits.device))  # [B, Vd]
+        draft_ids = logits.argmax(dim=-1)
         for i, p in enumerate(params):
             if p.greedy:
-                probs[i] = torch.nn.functional.one_hot(greedy[i], logits.shape[-1]).float()
+                draft_probs[i] = torch.nn.functional.one_hot(draft_ids[i], logits.shape[-1]).float()
             else:
-                tokens[i] = torch.multinomial(probs[i], 1, generator=generators[i])[0]
-        return tokens, probs
+                draft_ids[i] = torch.multinomial(draft_probs[i], 1, generator=generators[i])[0]
+        probs = draft_probs.new_zeros(logits.shape[0], self.model.config.vocab_size)
+        probs[:, self.model.draft_token_ids()] = draft_probs
+        return self.model.draft_to_target(draft_ids), probs

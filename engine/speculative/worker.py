@@ -102,13 +102,13 @@ class EagleWorker:
             drafts, draft_probs = torch.zeros(b, 0, dtype=torch.int64), None
         clock.lap("draft")
         chain = self.verify_buffers.fill_chain(bonus.to(drafts.device), drafts)  # [B, k+1]
-        batch = ForwardBatch.from_tails(rows, chain.tolist(), seq_lens, self.req_to_token)
+        batch = ForwardBatch.from_tails(rows, chain, seq_lens, self.req_to_token)
         out = self.target_runner.forward(batch, logits_indices=self.verify_buffers.indices(b),
                                          attn_backend=self.verify_backend)
         logits = out.logits.view(b, k + 1, -1)
 
         accept_lens, tokens = verify_greedy(logits, drafts)
-        emitted = [tokens[i, :n].tolist() for i, n in enumerate(accept_lens.tolist())]
+        emitted = [row[:n] for row, n in zip(tokens.tolist(), accept_lens.tolist())]
         sampled = [i for i, p in enumerate(params) if not p.greedy]
         if sampled:
             idx = torch.tensor(sampled, device=logits.device)
@@ -122,7 +122,8 @@ class EagleWorker:
                 emitted[i] = verify_sampled_row(probs[j], draft_list[i], q, generators[i])
 
         # commit, then draft-extend over the verified rows (bonus and accepted drafts, with their features)
-        keep = torch.cat([torch.arange(len(e), device=chain.device) + i * (k + 1) for i, e in enumerate(emitted)])
+        keep = torch.tensor([i * (k + 1) + j for i, e in enumerate(emitted) for j in range(len(e))],
+                            dtype=torch.int64, device=chain.device)
         features = self.draft_worker.target_features(out.hidden[keep], [a[keep] for a in out.aux_hidden])
         for request, tokens_i in zip(requests, emitted):
             request.num_computed += len(tokens_i)

@@ -1,0 +1,118 @@
+"""Linear projections fused for inference: q/k/v as one GEMM, gate/up as one, each in the weight layout
+the GEMM runs fastest with on this machine.
+
+A `FusedLinear` groups the `nn.Linear` modules that read the same input. Before `pack` (training) it
+runs them one by one and concatenates; after `pack` (inference) it runs one GEMM over a single weight
+tensor, and the member modules' parameters become views of that tensor, so the module tree and its
+`state_dict` keep the checkpoint's names and values and nothing is stored twice.
+
+Layouts: `"transposed"` keeps the weight as [in, out] and runs `x @ W` (`addmm` when a residual or a
+bias is added); `"linear"` keeps [out, in] and runs `F.linear`. `measure_layout` times both for a
+weight shape at a few row counts and returns the faster.
+"""
+
+import time
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from engine.errors import ConfigError
+
+LAYOUTS = ("transposed", "linear")
+
+
+class FusedLinear:
+    def __init__(self, linears: list[nn.Linear]):
+        self.linears = linears
+        self.weight: torch.Tensor | None = None  # packed: [in, out] (transposed) or [out, in] (linear)
+        self.bias: torch.Tensor | None = None  # packed: [out]
+        self.layout: str | None = None
+
+    @property
+    def out_features(self) -> int:
+        return sum(linear.out_features for linear in self.linears)
+
+    def pack(self, layout: str) -> None:
+        """Fuse the member weights into one tensor in `layout`; the members' parameters become views of it."""
+        if layout not in LAYOUTS:
+            raise ValueError(f"weight layout must be one of {list(LAYOUTS)}, got {layout!r}")
+        if layout == "linear" and len(self.linears) == 1:  # already in place (a tied lm_head stays tied)
+            linear = self.linears[0]
+            self.weight, self.bias, self.layout = linear.weight.detach(), _detached(linear.bias), layout
+            return
+        with torch.no_grad():
+            weight = torch.cat([linear.weight for linear in self.linears], dim=0)  # [out, in]
+            if layout == "transposed":
+                weight = weight.t().contiguous()  # [in, out]
+            has_bias = self.linears[0].bias is not None
+            bias = torch.cat([linear.bias for linear in self.linears]) if has_bias else None
+        start = 0
+        for linear in self.linears:
+            end = start + linear.out_features
+            view = weight[:, start:end].t() if layout == "transposed" else weight[start:end]
+            linear.weight = nn.Parameter(view, requires_grad=False)
+            if bias is not None:
+                linear.bias = nn.Parameter(bias[start:end], requires_grad=False)
+            start = end
+        self.weight, self.bias, self.layout = weight, bias, layout
+
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """x: [N, in] -> [N, out] (+ residual [N, out])."""
+        if self.weight is None:  # not packed: the member modules, so training reaches their parameters
+            out = self.linears[0](x) if len(self.linears) == 1 else torch.cat([m(x) for m in self.linears], dim=-1)
+            return out if residual is None else residual + out
+        if self.layout == "transposed":
+            if residual is None:
+                return torch.mm(x, self.weight) if self.bias is None else torch.addmm(self.bias, x, self.weight)
+            out = torch.addmm(residual, x, self.weight)
+            return out if self.bias is None else out.add_(self.bias)
+        out = F.linear(x, self.weight, self.bias)
+        return out if residual is None else out.add_(residual)
+
+
+def _detached(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    return None if tensor is None else tensor.detach()
+
+
+def measure_layout(in_features: int, out_features: int, dtype: torch.dtype, device: torch.device,
+                   rows: tuple[int, ...] = (1, 4, 8), repeats: int = 20) -> str:
+    """The layout whose GEMM is faster for this weight shape, timed here at the given row counts
+    (decode and verify widths). Ties (within 5%) keep `transposed`."""
+    if device.type != "cpu":
+        return "linear"  # GPU GEMMs take either layout at full speed; keep the checkpoint's
+    weight = torch.randn(out_features, in_features, dtype=dtype, device=device)
+    weight_t = weight.t().contiguous()
+    inputs = [torch.randn(m, in_features, dtype=dtype, device=device) for m in rows]
+    candidates = {"transposed": lambda x: torch.mm(x, weight_t), "linear": lambda x: F.linear(x, weight)}
+    best = {}
+    for name, fn in candidates.items():
+        for x in inputs:  # warm up
+            fn(x)
+    for _ in range(3):  # interleave rounds so a burst of load hits both layouts
+        for name, fn in candidates.items():
+            start = time.perf_counter()
+            for _ in range(repeats):
+                for x in inputs:
+                    fn(x)
+            best[name] = min(best.get(name, float("inf")), time.perf_counter() - start)
+    return "linear" if best["linear"] < 0.95 * best["transposed"] else "transposed"
+
+
+_MAX_MEASURED_NUMEL = 1 << 24  # larger weights run compute-bound GEMMs: either layout, no timing needed
+
+
+def choose_layouts(shapes: dict[str, tuple[int, int]], weight_layout: str, dtype: torch.dtype,
+                   device: torch.device) -> dict[str, str]:
+    """Layout per projection name (`shapes`: name -> (in_features, out_features)). `weight_layout` is
+    `auto` (timed here per distinct shape), or one of `LAYOUTS` for every projection."""
+    if weight_layout != "auto":
+        if weight_layout not in LAYOUTS:
+            raise ConfigError(f"model.weight_layout must be one of {['auto', *LAYOUTS]}, got {weight_layout!r}")
+        return {name: weight_layout for name in shapes}
+    measured: dict[tuple[int, int], str] = {}
+    for shape in shapes.values():
+        if shape not in measured:
+            small = shape[0] * shape[1] <= _MAX_MEASURED_NUMEL
+            measured[shape] = measure_layout(*shape, dtype, device) if small else "linear"
+    return {name: measured[shape] for name, shape in shapes.items()}

@@ -1,0 +1,271 @@
+"""Greedy decoding throughput of eyas against CTranslate2 and transformers, with the shipped target.
+
+Every system decodes the same held-out code prompts (token ids from the target's tokenizer),
+greedy, float32, exactly `--max-new-tokens` new tokens per prompt (eos ignored), on the CPU, in one
+process. For each batch size each system gets one untimed warmup batch, then `--rounds` waves; a
+wave is `--num-prompts` prompts rounded up to whole batches (at batch 1: that many prompts, one at a
+time), every system runs the same wave, and the order of the systems rotates from wave to wave so
+that drift of the machine falls on all alike. tok/s = generated tokens / summed wall time of the
+waves, prefill included. Each system's greedy ids are compared with eyas plain's, row by row.
+
+    python scripts/bench_peers.py                                   # all systems, batch 1, 8, 32, 96 new tokens
+    python scripts/bench_peers.py --systems ct2,hf,eyas --batch-sizes 1,8 --max-new-tokens 16 --num-prompts 2 --rounds 1
+
+Systems (`--systems`, short names): ct2 (CTranslate2, converted here from the same checkpoint),
+hf (transformers `generate`), hf_lookup (prompt lookup, 10 tokens), hf_assisted (the shipped draft
+LM as assistant model), eyas (plain decoding), eyas_spec (default config: EAGLE-3, k = 3),
+eyas_adaptive (`adaptive=throughput`). transformers' prompt lookup and assisted generation run at
+batch 1 only. Needs the optional packages: pip install '.[bench]'.
+"""
+
+import argparse
+import importlib
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_decode import agreement, eyas_generate, load_hf  # noqa: E402
+from heldout import heldout_prompts  # noqa: E402
+
+from engine import build_engine  # noqa: E402
+from engine.assets import asset_path  # noqa: E402
+from engine.tokenizer import Tokenizer  # noqa: E402
+
+SYSTEMS = {"ct2": "ct2 plain", "hf": "transformers plain", "hf_lookup": "transformers prompt lookup",
+           "hf_assisted": "transformers assisted", "eyas": "eyas plain", "eyas_spec": "eyas default",
+           "eyas_adaptive": "eyas adaptive"}
+BATCH1_ONLY = {"hf_lookup", "hf_assisted"}
+EYAS_OVERRIDES = {"eyas": ["speculative=none", "draft=none"], "eyas_spec": [],
+                  "eyas_adaptive": ["adaptive=throughput"]}
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated subset of {','.join(SYSTEMS)}")
+    p.add_argument("--batch-sizes", default="1,8,32")
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--num-prompts", type=int, default=4, help="prompts per wave, rounded up to whole batches")
+    p.add_argument("--rounds", type=int, default=2, help="timed waves per batch size")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    p.add_argument("--ct2-threads", type=int, default=0, help="ct2 intra_threads (0: the fastest, timed at start)")
+    p.add_argument("--out", type=Path, default=Path("bench_peers_out"), help="where bench_peers.{json,png} go")
+    args = p.parse_args()
+    args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = set(args.systems) - set(SYSTEMS)
+    if unknown:
+        p.error(f"unknown systems {sorted(unknown)}; allowed: {','.join(SYSTEMS)}")
+    args.batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b.strip()]
+    return args
+
+
+def optional(module: str):
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        sys.exit(f"{module} is needed for this benchmark: pip install '.[bench]' ({e})")
+
+
+def make_waves(pool: list[list[int]], batch: int, num_prompts: int, rounds: int) -> list[list[list[list[int]]]]:
+    # wave 0 is the warmup; each wave: batches of `batch` prompts, each prompt a list of token ids
+    per_wave = batch * math.ceil(num_prompts / batch)
+    waves = [pool[w * per_wave:(w + 1) * per_wave] for w in range(rounds + 1)]
+    return [[wave[i:i + batch] for i in range(0, per_wave, batch)] for wave in waves]
+
+
+def load_ct2(model_dir: str, out_dir: str, threads: int, probe: list[int]):
+    """The converted model's generator at its fastest intra_threads: `threads`, or when 0 the faster of
+    1 .. cpu count timed here on `probe` (on a 2-core machine 2 threads can be several times slower)."""
+    ctranslate2 = optional("ctranslate2")
+    optional("transformers")  # the converter reads the checkpoint through it
+    from ctranslate2.converters import TransformersConverter
+
+    TransformersConverter(model_dir).convert(out_dir, quantization="float32", force=True)
+    vocab = json.loads((Path(out_dir) / "vocabulary.json").read_text())  # index = token id
+    make = lambda t: ctranslate2.Generator(out_dir, device="cpu", compute_type="float32", intra_threads=t)  # noqa: E731
+    if threads:
+        return make(threads), vocab, threads
+    timings = {}
+    for t in range(1, (os.cpu_count() or 1) + 1):
+        generator = make(t)
+        ct2_generate(generator, vocab, [probe], 8)  # warmup
+        start = time.perf_counter()
+        ct2_generate(generator, vocab, [probe], 48)
+        timings[t] = (time.perf_counter() - start, generator)
+        del generator
+    best = min(timings, key=lambda t: timings[t][0])
+    print("ct2 intra_threads probe (s for 48 tokens): " + ", ".join(f"{t}: {v[0]:.3f}" for t, v in timings.items())
+          + f" -> {best}")
+    return timings[best][1], vocab, best
+
+
+def ct2_generate(generator, vocab: list[str], prompts: list[list[int]], n: int) -> list[list[int]]:
+    # with include_prompt_in_result=False, max_length counts new tokens only (checked: each row has n)
+    results = generator.generate_batch([[vocab[i] for i in p] for p in prompts], max_length=n, min_length=n,
+                                       sampling_topk=1, include_prompt_in_result=False, end_token=[])
+    return [r.sequences_ids[0] for r in results]  # ids are indices into vocabulary.json
+
+
+def hf_generate(model, prompts: list[list[int]], n: int, **kwargs) -> list[list[int]]:
+    width = max(len(p) for p in prompts)
+    # left padding with id 0: [B, width] ids and mask (1 = real token)
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.inference_mode():
+        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=n, **kwargs)
+    return out[:, width:].tolist()  # [B, n] generated ids only
+
+
+def make_runners(args, pool: list[list[int]], tmp: str) -> tuple[dict, list]:
+    # name -> fn(batch of token-id prompts) -> generated ids; plus the engines to close at the end
+    target, n, runners, engines = asset_path("target"), args.max_new_tokens, {}, []
+    if "ct2" in args.systems:
+        generator, vocab, args.ct2_threads = load_ct2(target, os.path.join(tmp, "ct2"), args.ct2_threads, pool[0])
+        runners["ct2"] = lambda ps: ct2_generate(generator, vocab, ps, n)
+    if {"hf", "hf_lookup", "hf_assisted"} & set(args.systems):
+        optional("transformers")
+        hf = load_hf(target, "cpu")
+        runners["hf"] = lambda ps: hf_generate(hf, ps, n)
+        runners["hf_lookup"] = lambda ps: hf_generate(hf, ps, n, prompt_lookup_num_tokens=10)
+        if "hf_assisted" in args.systems:
+            assistant = load_hf(asset_path("draft_lm"), "cpu")
+            runners["hf_assisted"] = lambda ps: hf_generate(hf, ps, n, assistant_model=assistant)
+    # size the pool and admission limits so a whole batch is admitted in its first step
+    batch, longest = max(args.batch_sizes), max(len(p) for p in pool)
+    cache = [f"cache.max_running_requests={batch}", f"cache.max_prefill_tokens={batch * longest}",
+             f"cache.max_total_tokens={batch * (longest + n + 48)}"]  # + 48: page rounding, draft lookahead
+    for name in EYAS_OVERRIDES:
+        if name in args.systems:
+            eng = build_engine(overrides=["device=cpu", "model.dtype=float32", *EYAS_OVERRIDES[name], *cache])
+            engines.append(eng)
+            runners[name] = lambda ps, eng=eng: eyas_generate(eng, ps, n)
+    return {s: runners[s] for s in args.systems}, engines
+
+
+def bench_batch(runners: dict, waves: list, n: int) -> dict:
+    # returns name -> (tok/s, generated rows over the timed waves)
+    for fn in runners.values():
+        fn(waves[0][0])  # warmup: one batch
+    names, seconds, outs = list(runners), dict.fromkeys(runners, 0.0), {s: [] for s in runners}
+    for w, wave in enumerate(waves[1:]):
+        for name in names[w % len(names):] + names[:w % len(names)]:
+            start = time.perf_counter()
+            rows = [row for ps in wave for row in runners[name](ps)]
+            seconds[name] += time.perf_counter() - start
+            assert all(len(r) == n for r in rows), f"{name} did not generate exactly {n} tokens per row"
+            outs[name] += rows
+    return {s: (len(outs[s]) * n / seconds[s], outs[s]) for s in names}
+
+
+def summarize(args, results: dict) -> list[dict]:
+    # one dict per (batch, system); ratio to ct2 plain when it ran, else to eyas plain
+    base = "ct2" if "ct2" in args.systems else "eyas" if "eyas" in args.systems else None
+    rows = []
+    for b, res in results.items():
+        ref = res.get("eyas", (None, None))[1]
+        for s in args.systems:
+            if s not in res:
+                rows.append(dict(batch=b, system=SYSTEMS[s], tok_s=None, ratio=None, baseline=None,
+                                 equal="n/a (batch 1 only)"))
+                continue
+            tps, out = res[s]
+            equal = "n/a" if ref is None else "reference" if s == "eyas" else agreement(out, ref)
+            rows.append(dict(batch=b, system=SYSTEMS[s], tok_s=tps, ratio=tps / res[base][0] if base else None,
+                             baseline=SYSTEMS[base] if base else None, equal=equal))
+    return rows
+
+
+def print_tables(rows: list[dict], base: str) -> None:
+    fmt = lambda x, spec: "-" if x is None else format(x, spec)  # noqa: E731
+    for b in dict.fromkeys(r["batch"] for r in rows):
+        print(f"\nbatch {b}")
+        print(f"{'system':<28} {'tok/s':>8} {'/ ' + base:>20}  greedy ids vs eyas plain")
+        for r in (r for r in rows if r["batch"] == b):
+            print(f"{r['system']:<28} {fmt(r['tok_s'], '8.1f'):>8} {fmt(r['ratio'], '.2f'):>20}  {r['equal']}")
+    print(f"\n| batch | system | tok/s | / {base} | greedy ids vs eyas plain |\n| --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['batch']} | {r['system']} | {fmt(r['tok_s'], '.1f')} | {fmt(r['ratio'], '.2f')} | {r['equal']} |")
+
+
+def plot(rows: list[dict], base: str, path: Path) -> None:
+    matplotlib = optional("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    batches, systems = list(dict.fromkeys(r["batch"] for r in rows)), list(dict.fromkeys(r["system"] for r in rows))
+    width = 0.8 / len(systems)
+    fig, (ax_tps, ax_ratio) = plt.subplots(1, 2, figsize=(13, 4.8))
+    for i, s in enumerate(systems):
+        mine = [r for r in rows if r["system"] == s]
+        x = {r["batch"]: batches.index(r["batch"]) + (i - (len(systems) - 1) / 2) * width for r in mine}
+        got = [r for r in mine if r["tok_s"] is not None]
+        bars = ax_tps.bar([x[r["batch"]] for r in got], [r["tok_s"] for r in got], width, label=s, color=f"C{i}")
+        ax_tps.bar_label(bars, fmt="%.0f", fontsize=7)
+        if got and got[0]["ratio"] is not None:
+            bars = ax_ratio.bar([x[r["batch"]] for r in got], [r["ratio"] for r in got], width, color=f"C{i}")
+            ax_ratio.bar_label(bars, fmt="%.2f", fontsize=7)
+        for r in mine:
+            if r["tok_s"] is None:  # batch-1-only systems at larger batches
+                ax_ratio.text(x[r["batch"]], 0.02, "n/a", rotation=90, ha="center", va="bottom", fontsize=7,
+                              transform=ax_ratio.get_xaxis_transform())
+    for ax, title in ((ax_tps, "tokens/s (log scale)"), (ax_ratio, f"ratio to {base}")):
+        ax.set_xticks(range(len(batches)), [f"batch {b}" for b in batches])
+        ax.set_title(title)
+        ax.grid(axis="y", alpha=0.3)
+    ax_tps.set_yscale("log")
+    ax_tps.set_ylim(bottom=min(r["tok_s"] for r in rows if r["tok_s"]) / 2)
+    ax_ratio.axhline(1.0, color="black", linewidth=0.8)
+    fig.legend(loc="lower center", ncol=len(systems), fontsize=8, frameon=False)
+    fig.suptitle("greedy decoding, float32, CPU: measured in one run on one machine", fontsize=10)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    args = parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    n = args.max_new_tokens
+    tok = Tokenizer.from_dir(asset_path("target"))
+    per_wave = max(b * math.ceil(args.num_prompts / b) for b in args.batch_sizes)
+    pool = [tok.encode(t) for t in heldout_prompts(per_wave * (args.rounds + 1))]
+    print(f"threads: torch {torch.get_num_threads()}; float32, greedy, "
+          f"{n} new tokens per prompt (eos ignored); {args.rounds} timed waves of {args.num_prompts}+ prompts "
+          f"per batch size after one warmup batch")
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None  # other work skews the systems, not always alike
+    if load:
+        print(f"load average at start: {' '.join(f'{x:.2f}' for x in load)} on {os.cpu_count()} cpus")
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="bench_peers_") as tmp:
+        runners, engines = make_runners(args, pool, tmp)
+        if "ct2" in args.systems:
+            print(f"ct2 intra_threads {args.ct2_threads}")
+        try:
+            for b in args.batch_sizes:
+                active = {s: fn for s, fn in runners.items() if b == 1 or s not in BATCH1_ONLY}
+                results[b] = bench_batch(active, make_waves(pool, b, args.num_prompts, args.rounds), n)
+                print(f"  batch {b}: done")
+        finally:
+            for eng in engines:
+                eng.close()
+    base = "ct2 plain" if "ct2" in args.systems else "eyas plain" if "eyas" in args.systems else "-"
+    rows = summarize(args, results)
+    print("\nRatios were measured in this run, on this machine; they do not transfer to other hardware.")
+    print_tables(rows, base)
+    args.out.mkdir(parents=True, exist_ok=True)
+    meta = dict(threads=torch.get_num_threads(), ct2_threads=args.ct2_threads, max_new_tokens=n, rounds=args.rounds, num_prompts=args.num_prompts,
+                batch_sizes=args.batch_sizes, load_average_at_start=load)
+    (args.out / "bench_peers.json").write_text(json.dumps({**meta, "rows": rows}, indent=2))
+    plot(rows, base, args.out / "bench_peers.png")
+    print(f"\nwrote {args.out / 'bench_peers.json'} and {args.out / 'bench_peers.png'}")
+
+
+if __name__ == "__main__":
+    main()
