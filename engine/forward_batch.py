@@ -15,6 +15,7 @@ class ForwardBatch:
     extend_lens: list[int]  # new tokens per request; sum = N
     out_cache_loc: torch.Tensor  # [N] KV slots the new tokens write (-1 = skip)
     req_to_token: torch.Tensor  # [R, C] the request-to-token table
+    rows: list[int] | None = None  # `req_rows` on the host
     # bound by the runner just before the forward
     kv_pool: object = field(default=None, repr=False)
     attn_backend: object = field(default=None, repr=False)
@@ -27,6 +28,10 @@ class ForwardBatch:
     @property
     def seq_lens(self) -> list[int]:
         return [p + e for p, e in zip(self.prefix_lens, self.extend_lens)]
+
+    @property
+    def max_position(self) -> int:
+        return max(p + e for p, e in zip(self.prefix_lens, self.extend_lens)) - 1
 
     @property
     def last_token_indices(self) -> torch.Tensor:
@@ -49,10 +54,12 @@ class ForwardBatch:
         else:
             extend_lens = [len(t) for t in token_tails]
             input_ids = torch.tensor([t for tail in token_tails for t in tail], dtype=torch.int64, device=device)
-        # host lists, one copy each: positions and table rows of every new token
+        # one host-to-device copy: each new token's position and its flat index into the table
+        width = req_to_token.shape[1]
         positions = [p + j for p, e in zip(prefix_lens, extend_lens) for j in range(e)]
-        token_rows = [r for r, e in zip(rows, extend_lens) for _ in range(e)]
-        index = torch.tensor([token_rows, positions], dtype=torch.int64).to(device, non_blocking=True)  # [2, N]
-        out_cache_loc = req_to_token[index[0], index[1]]
+        flat = [r * width + p + j for r, p, e in zip(rows, prefix_lens, extend_lens) for j in range(e)]
+        index = torch.tensor([positions, flat], dtype=torch.int64).to(device, non_blocking=True)  # [2, N]
+        out_cache_loc = req_to_token.view(-1).index_select(0, index[1])
         row_t = torch.tensor(rows, dtype=torch.int64, device=device)
-        return cls(input_ids, index[1], row_t, list(prefix_lens), extend_lens, out_cache_loc, req_to_token)
+        return cls(input_ids, index[0], row_t, list(prefix_lens), extend_lens, out_cache_loc, req_to_token,
+                   list(rows))

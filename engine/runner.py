@@ -37,6 +37,10 @@ class ModelRunner:
         batch.attn_backend = backend
         backend.init_forward_metadata(batch)
         hidden, aux = self.model(batch.input_ids, batch.positions, batch, **model_inputs)
-        if logits_indices is None:
-            logits_indices = batch.last_token_indices
-        return ForwardOutput(self.model.compute_logits(hidden[logits_indices]), hidden, aux)
+        if logits_indices is not None:
+            last = hidden[logits_indices]
+        elif hidden.shape[0] == batch.batch_size:  # one new token per request: every row is a last row
+            last = hidden
+        else:
+            last = hidden[batch.last_token_indices]
+        return ForwardOutput(self.model.compute_logits(last), hidden, aux)

@@ -15,6 +15,10 @@ class DenseBatch:
     seq_len: int
     attn_backend: object = None
 
+    @property
+    def max_position(self) -> int:
+        return self.seq_len - 1
+
 
 class DenseCausalBackend:
     name = "dense_causal"

@@ -6,8 +6,9 @@ is an extend by one token. The mask lets query `j` of a request see KV index `i`
 
 Everything that depends only on the batch (KV gather indices, mask, padding layout) is computed once
 per forward in `init_forward_metadata` and shared by all layers. Per layer, the KV of a lone request
-whose slots form one contiguous run is read as a view (no copy); otherwise one `index_select` over
-precomputed flat indices gathers it. Requests that all extend by the same number of tokens (decode,
+whose slots form one ascending contiguous run (the allocator hands pages out so) is read as a view
+(no copy); otherwise one `index_select` over precomputed flat indices gathers it. The mask is additive
+(0 / -inf) so SDPA does not convert it in every layer. Requests that all extend by the same number of tokens (decode,
 chain verify) need no padding: their packed queries already form the [B, q_len] grid.
 """
 
@@ -27,6 +28,15 @@ class TorchNativeMetadata:
     kv_index: torch.Tensor | None  # [B * max_kv] slots of every request's KV (padding clamped to 0, masked)
     mask: torch.Tensor | None  # [B, 1, max_q, max_kv] True = attend; None: every query sees all max_kv
     dest: torch.Tensor | None  # [N] row of each packed query in the padded [B * max_q] layout; None: no padding
+    additive_mask: torch.Tensor | None = None  # `mask` as 0 / -inf in the queries' dtype, made by the first layer
+
+    def mask_for(self, dtype: torch.dtype) -> torch.Tensor | None:
+        if self.mask is None:
+            return None
+        if self.additive_mask is None or self.additive_mask.dtype != dtype:
+            self.additive_mask = torch.zeros(self.mask.shape, dtype=dtype, device=self.mask.device).masked_fill_(
+                ~self.mask, float("-inf"))
+        return self.additive_mask
 
 
 class TorchNativeBackend:
@@ -42,9 +52,12 @@ class TorchNativeBackend:
         seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
         b, max_q, max_kv = len(extend_lens), max(extend_lens), max(seq_lens)
         uniform = min(extend_lens) == max_q
-        kv_slots = batch.req_to_token[batch.req_rows, :max_kv]  # [B, max_kv]
-        kv_range = _contiguous_run(kv_slots[0]) if b == 1 and max_q == 1 else None
-        kv_index = None if kv_range is not None else kv_slots.clamp(min=0).flatten()
+        kv_range = None
+        if b == 1 and batch.rows is not None:
+            kv_range = _contiguous_run(batch.req_to_token[batch.rows[0], :max_kv])
+        kv_index = None
+        if kv_range is None:
+            kv_index = batch.req_to_token[batch.req_rows, :max_kv].clamp(min=0).flatten()  # [B * max_kv]
         if max_q == 1 and min(seq_lens) == max_kv:
             mask = None  # decode over equal lengths: every key is visible to its query
         else:
@@ -78,7 +91,7 @@ class TorchNativeBackend:
         if keys.dtype != q.dtype:
             keys, values = keys.to(q.dtype), values.to(q.dtype)
         out = F.scaled_dot_product_attention(q_pad.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
-                                             attn_mask=meta.mask, scale=self.scale,
+                                             attn_mask=meta.mask_for(q.dtype), scale=self.scale,
                                              enable_gqa=keys.shape[2] != num_heads)  # [B, Hq, max_q, D]
         out = out.transpose(1, 2)
         if meta.dest is None:
@@ -87,11 +100,14 @@ class TorchNativeBackend:
 
 
 def _contiguous_run(slots: torch.Tensor) -> tuple[int, int] | None:
-    """(first, length) when the distinct `slots` [L] are exactly first..first+L-1 (in any order: a lone
-    query attends to all of them, so their order does not matter); None otherwise."""
-    low, high = torch.aminmax(slots)
-    low, high = int(low), int(high)
-    return (low, slots.shape[0]) if low >= 0 and high - low == slots.shape[0] - 1 else None
+    """(first, length) when `slots` [L] are exactly first, first + 1, ..., first + L - 1; None otherwise."""
+    length = slots.shape[0]
+    first, last = int(slots[0]), int(slots[length - 1])
+    if first < 0 or last - first != length - 1:
+        return None
+    if not torch.equal(slots, torch.arange(first, first + length, dtype=slots.dtype, device=slots.device)):
+        return None
+    return first, length
 
 
 def _padded_rows(extend_lens: list[int], max_q: int, device) -> torch.Tensor:

@@ -49,7 +49,7 @@ class EagleDraftModel(nn.Module):
         # input_ids, positions: [N]; features: [N, H] -> (predicted features [N, H], [])
         embeds = self.embed_tokens(input_ids)
         x = self.fc_proj(torch.cat((embeds, features.to(embeds.dtype)), dim=-1))
-        return self.layers[0](x, self.rotary.tables(positions, x.dtype), batch), []
+        return self.layers[0](x, self.rotary.tables(positions, x.dtype, batch.max_position), batch), []
 
     @property
     def draft_vocab_size(self) -> int:

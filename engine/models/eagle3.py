@@ -55,6 +55,7 @@ class Eagle3DraftModel(nn.Module):
         self.embed_tokens: nn.Embedding | None = None  # the target's unless the head ships one
         self.fc_proj = FusedLinear([self.fc])
         self.logits_proj = FusedLinear([self.lm_head])
+        self._target_ids: torch.Tensor | None = None  # [Vd] draft id -> target id, made by `pack`
 
     def projection_shapes(self) -> dict[str, tuple[int, int]]:
         h = self.config.hidden_size
@@ -65,6 +66,7 @@ class Eagle3DraftModel(nn.Module):
         self.fc_proj.pack(layouts["fc"])
         self.midlayer.pack(layouts)
         self.logits_proj.pack(layouts["lm_head"])
+        self._target_ids = self.draft_token_ids()
 
     def target_aux_layer_ids(self, num_target_layers: int) -> tuple[int, ...]:
         if self.aux_layer_ids is not None:
@@ -77,13 +79,15 @@ class Eagle3DraftModel(nn.Module):
     def forward(self, input_ids, positions, batch, features):
         # features: fused target features or the previous step's hidden, [N, H] -> (hidden [N, H], [])
         embeds = self.embed_tokens(input_ids).to(features.dtype)
-        return self.midlayer(embeds, features, self.rotary.tables(positions, features.dtype), batch), []
+        rope = self.rotary.tables(positions, features.dtype, batch.max_position)
+        return self.midlayer(embeds, features, rope, batch), []
 
     def draft_token_ids(self) -> torch.Tensor:
         return torch.arange(self.draft_vocab_size, device=self.d2t.device) + self.d2t  # [Vd] target ids
 
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return draft_ids + self.d2t[draft_ids]  # draft-vocab ids -> target ids
+        table = self._target_ids if self._target_ids is not None else self.draft_token_ids()
+        return table[draft_ids]  # draft-vocab ids -> target ids
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # [M, H] -> [M, Vd]: scores over the draft vocabulary (`draft_to_target` maps ids back)

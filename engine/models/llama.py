@@ -21,14 +21,24 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
+        self._constants: tuple[torch.Tensor, torch.Tensor] | None = None  # (hidden size, eps) as 0-dim tensors
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Hugging Face's LlamaRMSNorm: normalise in float32, cast back, then scale
+        # Hugging Face's LlamaRMSNorm: normalise in float32, cast back, then scale. The mean is taken as
+        # sum / H, which is how `mean` computes it (same bits), with 0-dim tensor operands: Python
+        # scalars in these ops cost two dtype conversions each.
         dtype = x.dtype
         if dtype != torch.float32:
             x = x.float()
-        x = x * torch.rsqrt(x.square().mean(-1, keepdim=True).add_(self.eps))
+        size, eps = self._constants_on(x.device)
+        x = x * torch.rsqrt_((x * x).sum(-1, keepdim=True).div_(size).add_(eps))
         return self.weight * (x if dtype == torch.float32 else x.to(dtype))
+
+    def _constants_on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._constants is None or self._constants[0].device != device:
+            self._constants = (torch.tensor(float(self.weight.shape[0]), device=device),
+                               torch.tensor(self.eps, device=device))
+        return self._constants
 
 
 class LlamaAttention(nn.Module):
@@ -119,7 +129,7 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids, positions, batch, aux_layer_ids=()):
         # input_ids, positions: [N] -> hidden [N, H], plus the residual stream entering each aux layer
         x = self.embed_tokens(input_ids)
-        rope = self.rotary.tables(positions, x.dtype)
+        rope = self.rotary.tables(positions, x.dtype, batch.max_position)
         captured = {}
         for i, layer in enumerate(self.layers):
             if i in aux_layer_ids:

@@ -52,19 +52,35 @@ class RopeTables:
 
 
 class RotaryEmbedding(nn.Module):
+    """cos / sin for positions 0..P-1 are computed once (P grows in powers of two as longer sequences
+    arrive) and each forward looks its positions up: two index ops instead of computing them anew.
+    Each entry is computed exactly as it would be for that position alone."""
+
     def __init__(self, config: LlamaConfig):
         super().__init__()
         self.config = config
         self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
         self.register_buffer("sin_sign", _sin_sign(config.head_dim), persistent=False)
+        self._cache: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}  # dtype -> cos, signed sin [P, 1, D]
 
     def reset(self, device: torch.device) -> None:
         """Recompute the frequencies (after building the model on the meta device)."""
         self.inv_freq = rope_inv_freq(self.config).to(device)
         self.sin_sign = _sin_sign(self.config.head_dim).to(device)
+        self._cache.clear()
 
-    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> RopeTables:
-        # positions: [N]
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype, max_position: int | None = None) -> RopeTables:
+        """RoPE tables for `positions` [N]; `max_position` (an upper bound of the positions, known on the
+        host) lets them come from the cache, else they are computed directly."""
+        if max_position is None:
+            return RopeTables(*self._compute(positions, dtype))
+        cos, signed_sin = self._cache.get(dtype, (None, None))
+        if cos is None or cos.shape[0] <= max_position:
+            size = max(64, 1 << max_position.bit_length())
+            cos, signed_sin = self._cache[dtype] = self._compute(torch.arange(size, device=positions.device), dtype)
+        return RopeTables(cos.index_select(0, positions), signed_sin.index_select(0, positions))
+
+    def _compute(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float()[:, None] * self.inv_freq.float()[None, :]  # [N, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # [N, 1, D]
-        return RopeTables(emb.cos().to(dtype), emb.sin().to(dtype) * self.sin_sign.to(dtype))
+        return emb.cos().to(dtype), emb.sin().to(dtype) * self.sin_sign.to(dtype)
