@@ -9,6 +9,12 @@ the measured costs of a target decode step, a verify forward (k+1 tokens), one d
 draft-extend; the ideal speedup tau * t_decode / (t_verify + k * t_draft + t_extend), and the
 efficiency = measured speedup / ideal. Times are wall-clock means over the decode phase (prefill
 excluded), measured in this run on this machine.
+
+Each phase also gets its floor: the time of the phase's GEMMs alone. Every projection GEMM of the run
+(the fused q/k/v, o, gate/up, down, fc and lm_head calls, with their row counts) is recorded per
+phase, then replayed back to back on the same weights after the run; floor = replay time / phase
+count, and overhead = phase time - floor (everything that is not a GEMM: attention, norms, RoPE,
+batch building, sampling, Python).
 """
 
 import argparse
@@ -25,15 +31,63 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from heldout import heldout_prompts  # noqa: E402
 
 from engine import SamplingParams, build_engine  # noqa: E402
+from engine.models.fused_linear import FusedLinear  # noqa: E402
+
+
+class GemmRecorder:
+    """Records every FusedLinear call (weights, row count, residual or not) under the outermost label
+    running; `floor(label)` replays that label's calls alone and returns their time per label count."""
+
+    def __init__(self):
+        self.calls = defaultdict(list)
+        self.labels: list[str] = []  # open labels, outermost first
+        self._original = FusedLinear.__call__
+
+    def __enter__(self):
+        recorder, original = self, self._original
+
+        def recording(linear, x, residual=None):
+            if recorder.labels:
+                recorder.calls[recorder.labels[0]].append((linear, x.shape[0], x.shape[1], residual is not None))
+            return original(linear, x, residual)
+
+        FusedLinear.__call__ = recording
+        return self
+
+    def __exit__(self, *exc):
+        FusedLinear.__call__ = self._original
+
+    def clear(self):
+        self.calls.clear()
+
+    @torch.inference_mode()
+    def floor(self, label: str, count: int) -> float:
+        calls = self.calls.get(label)
+        if not calls or not count:
+            return float("nan")
+        dtype = next(c[0].weight for c in calls).dtype
+        inputs = {(rows, width): torch.randn(rows, width, dtype=dtype) for _, rows, width, _ in calls}
+        residuals = {(rows, c.out_features): torch.randn(rows, c.out_features, dtype=dtype)
+                     for c, rows, _, has in calls if has}
+        replay = [(c, inputs[rows, width], residuals[rows, c.out_features] if has else None)
+                  for c, rows, width, has in calls]
+        for c, x, r in replay[: min(len(replay), 200)]:  # warm up
+            self._original(c, x, r)
+        start = time.perf_counter()
+        for c, x, r in replay:
+            self._original(c, x, r)
+        return (time.perf_counter() - start) / count
 
 
 class PhaseTimer:
-    """Wraps bound methods of the engine's workers to accumulate wall time per (phase, name)."""
+    """Wraps bound methods of the engine's workers to accumulate wall time per (phase, name), and
+    labels the GEMMs run inside them for the recorder."""
 
-    def __init__(self):
+    def __init__(self, gemms: GemmRecorder | None = None):
         self.total = defaultdict(float)
         self.count = defaultdict(int)
         self.phase = "decode"
+        self.gemms = gemms
 
     def wrap(self, obj, name: str, label: str, set_phase: str | None = None, phase_of=None):
         inner = getattr(obj, name)
@@ -44,6 +98,8 @@ class PhaseTimer:
                 self.phase = set_phase
             elif phase_of is not None:
                 self.phase = phase_of(*args, **kwargs)
+            if self.gemms is not None:
+                self.gemms.labels.append(f"{self.phase}:{label}")
             start = time.perf_counter()
             try:
                 return inner(*args, **kwargs)
@@ -52,6 +108,8 @@ class PhaseTimer:
                     torch.cuda.synchronize()
                 self.total[(self.phase, label)] += time.perf_counter() - start
                 self.count[(self.phase, label)] += 1
+                if self.gemms is not None:
+                    self.gemms.labels.pop()
                 self.phase = previous
 
         setattr(obj, name, timed)
@@ -59,6 +117,9 @@ class PhaseTimer:
     def mean(self, label: str, phase: str = "decode") -> float:
         n = self.count[(phase, label)]
         return self.total[(phase, label)] / n if n else float("nan")
+
+    def floor(self, label: str, phase: str = "decode") -> float:
+        return self.gemms.floor(f"{phase}:{label}", self.count[(phase, label)])
 
 
 def run(engine, prompts: list[str], params: SamplingParams, batch_size: int) -> tuple[float, int]:
@@ -69,22 +130,22 @@ def run(engine, prompts: list[str], params: SamplingParams, batch_size: int) -> 
 
 
 def plain(args, prompts, params):
-    with build_engine(["speculative=none", "draft=none", *args.override]) as eng:
-        timer = PhaseTimer()
+    with build_engine(["speculative=none", "draft=none", *args.override]) as eng, GemmRecorder() as gemms:
+        timer = PhaseTimer(gemms)
         # a forward whose requests all extend by one token is a decode step; others carry a prefill
         timer.wrap(eng.worker.runner, "forward", "target_forward",
                    phase_of=lambda batch, *a, **kw: "decode" if max(batch.extend_lens) == 1 else "prefill")
         run(eng, prompts[:2], params, args.batch_size)  # warmup
-        timer.total.clear(), timer.count.clear()
+        timer.total.clear(), timer.count.clear(), gemms.clear()
         seconds, tokens = run(eng, prompts, params, args.batch_size)
-    return tokens / seconds, timer.mean("target_forward")
+        return tokens / seconds, timer.mean("target_forward"), timer.floor("target_forward")
 
 
 def speculative(args, prompts, params, k):
     overrides = [f"speculative={args.kind}", f"draft={args.kind}", f"speculative.num_steps={k}",
                  f"speculative.num_draft_tokens={k + 1}", *args.override]
-    with build_engine(overrides) as eng:
-        timer = PhaseTimer()
+    with build_engine(overrides) as eng, GemmRecorder() as gemms:
+        timer = PhaseTimer(gemms)
         worker, draft = eng.worker, eng.worker.draft_worker
         timer.wrap(worker, "prefill", "prefill", set_phase="prefill")
         timer.wrap(worker.target_runner, "forward", "verify")
@@ -92,10 +153,12 @@ def speculative(args, prompts, params, k):
         timer.wrap(draft, "forward_draft_extend", "extend")
         timer.wrap(draft.draft_runner, "forward", "draft_forward")
         run(eng, prompts[:2], params, args.batch_size)
-        timer.total.clear(), timer.count.clear()
+        timer.total.clear(), timer.count.clear(), gemms.clear()
         base = eng.metrics()
         seconds, tokens = run(eng, prompts, params, args.batch_size)
         metrics = eng.metrics()
+        floors = {"verify": timer.floor("verify"), "extend": timer.floor("extend"),
+                  "draft": timer.floor("draft") / k}
     cycles = metrics["num_verify_cycles"] - base["num_verify_cycles"]
     emitted = metrics["mean_accept_length"] * metrics["num_verify_cycles"] - base["mean_accept_length"] * base["num_verify_cycles"]
     tau = emitted / cycles
@@ -108,6 +171,7 @@ def speculative(args, prompts, params, k):
         "k": k, "tau": tau, "accept_per_position": positions, "tokens_per_s": tokens / seconds,
         "t_verify": timer.mean("verify"), "t_extend": timer.mean("extend"),
         "t_draft": timer.mean("draft") / k,  # draft phase per cycle / k (k proposals, k - 1 forwards)
+        "floor_verify": floors["verify"], "floor_draft": floors["draft"], "floor_extend": floors["extend"],
         "t_draft_forward": draft_forward_time / draft_forwards if draft_forwards else float("nan"),
     }
 
@@ -128,7 +192,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     prompts = heldout_prompts(args.num_prompts)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=0, ignore_eos=True)
-    plain_tps, t_decode = plain(args, prompts, params)
+    plain_tps, t_decode, floor_decode = plain(args, prompts, params)
     rows = [speculative(args, prompts, params, int(k)) for k in args.ks.split(",")]
     print(f"{args.kind}, {len(prompts)} held-out prompts x {args.max_new_tokens} new tokens, T={args.temperature}, "
           f"batch {args.batch_size}; plain decoding {plain_tps:.1f} tok/s, target decode step {t_decode * 1e3:.2f} ms")
@@ -143,12 +207,20 @@ def main() -> None:
         print(f"{r['k']:>2} {r['tau']:>5.2f} {r['tokens_per_s']:>10.1f} {r['speedup']:>6.2f}x "
               f"{r['t_verify'] * 1e3:>6.2f}ms {r['t_draft'] * 1e3:>5.2f}ms {r['t_extend'] * 1e3:>6.2f}ms "
               f"{ideal:>5.2f}x {r['efficiency']:>6.2f}  " + " ".join(f"{a:.2f}" for a in r["accept_per_position"]))
+    print("floors (GEMMs of the phase alone, replayed after the run) and overhead above them, per phase:")
+    print(f"{'k':>2} {'phase':>8} {'time':>8} {'floor':>8} {'overhead':>8} {'floor share':>11}")
+    ms = lambda t: f"{t * 1e3:6.2f}ms"  # noqa: E731
+    phases = [(None, "decode", t_decode, floor_decode)] + [
+        (r["k"], name, r[f"t_{name}"], r[f"floor_{name}"]) for r in rows for name in ("verify", "draft", "extend")]
+    for k, name, t, f in phases:
+        print(f"{'-' if k is None else k:>2} {name:>8} {ms(t):>8} {ms(f):>8} {ms(t - f):>8} {f / t:>11.2f}")
     step = [r["t_draft_forward"] for r in rows if r["t_draft_forward"] == r["t_draft_forward"]]
     if step:
         print(f"one draft forward step: {sum(step) / len(step) * 1e3:.2f} ms = "
               f"{sum(step) / len(step) / t_decode:.3f} of a target decode step (times in ms, means over the decode phase)")
     if args.json:
-        args.json.write_text(json.dumps({"plain_tokens_per_s": plain_tps, "t_decode": t_decode, "rows": rows}, indent=2))
+        args.json.write_text(json.dumps({"plain_tokens_per_s": plain_tps, "t_decode": t_decode,
+                                         "floor_decode": floor_decode, "rows": rows}, indent=2))
 
 
 if __name__ == "__main__":

@@ -28,14 +28,19 @@ class TorchNativeMetadata:
     kv_index: torch.Tensor | None  # [B * max_kv] slots of every request's KV (padding clamped to 0, masked)
     mask: torch.Tensor | None  # [B, 1, max_q, max_kv] True = attend; None: every query sees all max_kv
     dest: torch.Tensor | None  # [N] row of each packed query in the padded [B * max_q] layout; None: no padding
-    additive_mask: torch.Tensor | None = None  # `mask` as 0 / -inf in the queries' dtype, made by the first layer
+    causal_offset: int | None = None  # a lone request: query j sees keys 0..offset + j (no `mask` tensor)
+    additive_mask: torch.Tensor | None = None  # the mask as 0 / -inf in the queries' dtype, made by the first layer
 
-    def mask_for(self, dtype: torch.dtype) -> torch.Tensor | None:
-        if self.mask is None:
+    def mask_for(self, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
+        if self.mask is None and self.causal_offset is None:
             return None
         if self.additive_mask is None or self.additive_mask.dtype != dtype:
-            self.additive_mask = torch.zeros(self.mask.shape, dtype=dtype, device=self.mask.device).masked_fill_(
-                ~self.mask, float("-inf"))
+            if self.mask is not None:
+                additive = torch.zeros(self.mask.shape, dtype=dtype, device=device).masked_fill_(~self.mask, float("-inf"))
+            else:  # -inf strictly above the diagonal shifted right by the offset
+                additive = torch.full((1, 1, self.max_q, self.max_kv), float("-inf"), dtype=dtype, device=device)
+                additive.triu_(self.causal_offset + 1)
+            self.additive_mask = additive
         return self.additive_mask
 
 
@@ -58,8 +63,11 @@ class TorchNativeBackend:
         kv_index = None
         if kv_range is None:
             kv_index = batch.req_to_token[batch.req_rows, :max_kv].clamp(min=0).flatten()  # [B * max_kv]
+        causal_offset = None
         if max_q == 1 and min(seq_lens) == max_kv:
             mask = None  # decode over equal lengths: every key is visible to its query
+        elif b == 1:
+            mask, causal_offset = None, prefix_lens[0]  # query j sees keys 0..prefix + j: made in `mask_for`
         else:
             prefix = torch.tensor(prefix_lens, dtype=torch.int64, device=device)
             seq = torch.tensor(seq_lens, dtype=torch.int64, device=device)
@@ -67,13 +75,17 @@ class TorchNativeBackend:
             q_idx = prefix[:, None] + torch.arange(max_q, device=device)[None, :]  # [B, max_q]
             mask = ((kv_idx[None, None, :] <= q_idx[:, :, None]) & (kv_idx[None, None, :] < seq[:, None, None]))[:, None]
         dest = None if uniform else _padded_rows(extend_lens, max_q, device)
-        self.metadata = TorchNativeMetadata(max_q, max_kv, kv_range, kv_index, mask, dest)
+        self.metadata = TorchNativeMetadata(max_q, max_kv, kv_range, kv_index, mask, dest, causal_offset)
 
     def forward(self, q, k, v, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
         # q: [N, Hq, D]; k, v: [N, Hkv, D] -> [N, Hq, D]
         pool = batch.kv_pool
-        pool.store(layer_id, batch.out_cache_loc, k, v)
         meta = self.metadata
+        if meta.kv_range is not None:  # the new tokens' slots end the request's contiguous run
+            first, length = meta.kv_range
+            pool.store_run(layer_id, first + length - q.shape[0], k, v)
+        else:
+            pool.store(layer_id, batch.out_cache_loc, k, v)
         b, n, num_heads, head_dim = batch.batch_size, q.shape[0], q.shape[1], q.shape[2]
         if meta.dest is None:
             q_pad = q.view(b, meta.max_q, num_heads, head_dim)
@@ -91,7 +103,7 @@ class TorchNativeBackend:
         if keys.dtype != q.dtype:
             keys, values = keys.to(q.dtype), values.to(q.dtype)
         out = F.scaled_dot_product_attention(q_pad.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
-                                             attn_mask=meta.mask_for(q.dtype), scale=self.scale,
+                                             attn_mask=meta.mask_for(q.dtype, q.device), scale=self.scale,
                                              enable_gqa=keys.shape[2] != num_heads)  # [B, Hq, max_q, D]
         out = out.transpose(1, 2)
         if meta.dest is None:

@@ -24,3 +24,9 @@ class PagedKVPool:
         k_cache, v_cache = self.k[layer_id], self.v[layer_id]
         k_cache.index_put_((slots,), k if k.dtype == k_cache.dtype else k.to(k_cache.dtype))
         v_cache.index_put_((slots,), v if v.dtype == v_cache.dtype else v.to(v_cache.dtype))
+
+    def store_run(self, layer_id: int, first_slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store N tokens into the consecutive slots first_slot .. first_slot + N - 1 (one copy, no index)."""
+        end = first_slot + k.shape[0]
+        self.k[layer_id][first_slot:end].copy_(k)
+        self.v[layer_id][first_slot:end].copy_(v)

@@ -67,8 +67,10 @@ class FusedLinear:
                 return torch.mm(x, self.weight) if self.bias is None else torch.addmm(self.bias, x, self.weight)
             out = torch.addmm(residual, x, self.weight)
             return out if self.bias is None else out.add_(self.bias)
-        out = F.linear(x, self.weight, self.bias)
-        return out if residual is None else out.add_(residual)
+        if residual is None:
+            return F.linear(x, self.weight, self.bias)
+        out = torch.addmm(residual, x, self.weight.t())  # the GEMM F.linear runs, with the residual added in it
+        return out if self.bias is None else out.add_(self.bias)
 
 
 def _detached(tensor: torch.Tensor | None) -> torch.Tensor | None:
