@@ -24,15 +24,28 @@ class StopChecker:
             request.finish_time = time.perf_counter()
         return reason is not None
 
+    def _stop_text_end(self, output_ids: list[int], stops: list[str]) -> int | None:
+        """Where the output text is cut: the start of the earliest stop string in it, or None.
+
+        A stop string that appears for the first time ends in the newest token, so only a tail of the
+        output is decoded per token (a tail of 2 tokens per stop-string character is far more than
+        any stop string spans); the whole output is decoded once, when a stop string shows in the tail."""
+        window = 2 * max(len(s) for s in stops) + 8
+        tail = self.tokenizer.decode(output_ids[-window:]) if len(output_ids) > window else None
+        if tail is not None and not any(s in tail for s in stops):
+            return None
+        text = self.tokenizer.decode(output_ids)
+        hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+        return min(hits) if hits else None
+
     def _reason(self, request: Request, token: int) -> str | None:
         params = request.params
         if not params.ignore_eos and token in self.eos_token_ids:
             return "stop"
         if params.stop and self.tokenizer is not None:
-            text = self.tokenizer.decode(request.output_ids)
-            hits = [i for i in (text.find(s) for s in params.stop) if i >= 0]
-            if hits:
-                request.stop_text_end = min(hits)
+            end = self._stop_text_end(request.output_ids, params.stop)
+            if end is not None:
+                request.stop_text_end = end
                 return "stop"
         if len(request.output_ids) >= params.max_new_tokens or request.seq_len >= self.max_context_len:
             return "length"

@@ -20,6 +20,7 @@ batch 1 only. Needs the optional packages: pip install '.[bench]'.
 
 import argparse
 import importlib
+import importlib.util
 import json
 import math
 import os
@@ -263,6 +264,9 @@ def main() -> None:
     meta = dict(threads=torch.get_num_threads(), ct2_threads=args.ct2_threads, max_new_tokens=n, rounds=args.rounds, num_prompts=args.num_prompts,
                 batch_sizes=args.batch_sizes, load_average_at_start=load)
     (args.out / "bench_peers.json").write_text(json.dumps({**meta, "rows": rows}, indent=2))
+    if importlib.util.find_spec("matplotlib") is None:
+        print(f"\nwrote {args.out / 'bench_peers.json'}; no chart: matplotlib is missing (pip install '.[bench]')")
+        return
     plot(rows, base, args.out / "bench_peers.png")
     print(f"\nwrote {args.out / 'bench_peers.json'} and {args.out / 'bench_peers.png'}")
 

@@ -39,3 +39,19 @@ def test_stop_conditions(gqa_checkpoint):
         assert [len(o.token_ids) for i, o in enumerate(by_stop) if i != 2] == [7, 7, 7]
         assert all(o.finish_reason == "length" for i, o in enumerate(by_stop) if i != 2)
         assert [o.token_ids for i, o in enumerate(by_stop) if i != 2] == [free[i].token_ids[:7] for i in (0, 1, 3)]
+
+
+def test_late_stop_strings_end_at_the_earliest_match(gqa_checkpoint):
+    """A stop string far into the output (only a tail of the output is decoded per token), and
+    several stop strings: the text is cut before whichever shows first."""
+    with build_engine([*PLAIN, f"model.path={gqa_checkpoint}"]) as eng:
+        free = eng.generate(PROMPTS[:1], SamplingParams(max_new_tokens=60, ignore_eos=True))[0]
+        text = free.text
+        late = text[len(text) * 3 // 4:][:2]
+        first = text.find(late)
+        assert len(eng.tokenizer.encode(text[:first])) > 2 * len(late) + 8, "the match must lie past the decoded tail"
+        never = "\x00never"
+        out = eng.generate(PROMPTS[:1], SamplingParams(max_new_tokens=60, ignore_eos=True, stop=[never, late]))[0]
+        assert out.text == text[:first] and out.finish_reason == "stop"
+        assert free.token_ids[:len(out.token_ids)] == out.token_ids
+        assert eng.tokenizer.decode(out.token_ids[:-1]).find(late) < 0  # ended at the first token that shows it

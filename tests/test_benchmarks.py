@@ -1,0 +1,35 @@
+"""The benchmark scripts run end to end as users run them (tiny settings; figures are not checked)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+
+
+def run_script(name: str, *args: str) -> str:
+    done = subprocess.run([sys.executable, str(SCRIPTS / name), *args], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_bench_peers_eyas_rows(tmp_path):
+    out = run_script("bench_peers.py", "--systems", "eyas,eyas_spec", "--batch-sizes", "1,2", "--max-new-tokens", "6",
+                     "--num-prompts", "2", "--rounds", "1", "--out", str(tmp_path))
+    assert "| 2 | eyas default |" in out
+    rows = json.loads((tmp_path / "bench_peers.json").read_text())["rows"]
+    assert {(r["batch"], r["system"]) for r in rows} == {(b, s) for b in (1, 2) for s in ("eyas plain", "eyas default")}
+    # greedy speculative output equals plain decoding, row for row
+    assert all(r["equal"].startswith(("reference", "4/4 rows identical", "2/2 rows identical")) for r in rows), rows
+
+
+def test_bench_spec_prints_phase_floors(tmp_path):
+    out = run_script("bench_spec.py", "--ks", "2", "--num-prompts", "2", "--max-new-tokens", "8",
+                     "--json", str(tmp_path / "spec.json"))
+    assert "floors (GEMMs of the phase alone" in out
+    result = json.loads((tmp_path / "spec.json").read_text())
+    row = result["rows"][0]
+    for phase in ("verify", "draft", "extend"):
+        assert 0 < row[f"floor_{phase}"] < row[f"t_{phase}"], (phase, row)
+    assert 0 < result["floor_decode"] < result["t_decode"]

@@ -1,0 +1,127 @@
+"""The inference layout of the weights and the CPU fast paths: each equals the plain computation it replaces."""
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+from engine import ConfigError, SamplingParams, build_engine
+from engine.attention.torch_native import TorchNativeBackend
+from engine.cache.allocator import PageAllocator
+from engine.cache.kv_pool import PagedKVPool
+from engine.forward_batch import ForwardBatch
+from engine.models.config import load_llama_config
+from engine.models.fused_linear import FusedLinear, choose_layouts
+from engine.models.loader import load_llama
+from engine.models.rope import RotaryEmbedding
+from conftest import PLAIN
+from test_attention import naive_attention
+
+
+@pytest.mark.parametrize("layout", ["transposed", "linear"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_fused_linear_equals_its_members(layout, bias):
+    torch.manual_seed(0)
+    members = [nn.Linear(24, n, bias=bias) for n in (16, 8, 8)]
+    originals = [(m.weight.detach().clone(), None if m.bias is None else m.bias.detach().clone()) for m in members]
+    fused = FusedLinear(members)
+    x, residual = torch.randn(5, 24), torch.randn(5, 32)
+    with torch.no_grad():
+        expected = torch.cat([m(x) for m in members], dim=-1)
+        fused.pack(layout)
+        torch.testing.assert_close(fused(x), expected, atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(fused(x, residual), expected + residual, atol=1e-6, rtol=1e-6)
+    # the members keep the checkpoint's values, as views of the one packed tensor
+    for m, (w, b) in zip(members, originals):
+        assert torch.equal(m.weight, w) and m.weight.untyped_storage().data_ptr() == fused.weight.untyped_storage().data_ptr()
+        assert b is None or torch.equal(m.bias, b)
+
+
+def test_unpacked_fused_linear_trains_its_members():
+    members = [nn.Linear(6, 4), nn.Linear(6, 2)]
+    FusedLinear(members)(torch.randn(3, 6)).sum().backward()
+    assert all(m.weight.grad is not None for m in members)
+
+
+def test_weight_layout_choices(gqa_checkpoint):
+    shapes = {"qkv": (64, 128), "down": (128, 64)}
+    assert choose_layouts(shapes, "linear", torch.float32, torch.device("cpu")) == {"qkv": "linear", "down": "linear"}
+    assert set(choose_layouts(shapes, "auto", torch.float32, torch.device("cpu")).values()) <= {"linear", "transposed"}
+    with pytest.raises(ConfigError, match="model.weight_layout must be one of .*auto.*transposed.*linear"):
+        choose_layouts(shapes, "columns", torch.float32, torch.device("cpu"))
+    with pytest.raises(ConfigError, match="model.weight_layout"):
+        build_engine([*PLAIN, f"model.path={gqa_checkpoint}", "model.weight_layout=columns"])
+
+
+@pytest.mark.parametrize("layout", ["transposed", "linear"])
+def test_loaded_model_keeps_checkpoint_tensors(gqa_checkpoint, layout):
+    model = load_llama(gqa_checkpoint, weight_layout=layout)
+    tensors = load_file(gqa_checkpoint / "model.safetensors")
+    state = model.state_dict()
+    for name, tensor in tensors.items():
+        assert torch.equal(state[name], tensor.float()), name
+    assert model.model.layers[0].self_attn.qkv.layout == layout
+
+
+@pytest.mark.parametrize("layout", ["transposed", "linear"])
+def test_greedy_output_same_in_every_layout(gqa_checkpoint, layout):
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    prompts = [[5, 9, 2, 44], [17, 3, 3, 8, 120, 6]]
+    outs = {}
+    for name in ("auto", layout):
+        with build_engine([*PLAIN, f"model.path={gqa_checkpoint}", f"model.weight_layout={name}"]) as eng:
+            outs[name] = [o.token_ids for o in eng.generate(prompt_token_ids=prompts, sampling=params)]
+    assert outs["auto"] == outs[layout]
+
+
+def test_rope_tables_from_the_cache_equal_direct_ones(gqa_checkpoint):
+    rotary = RotaryEmbedding(load_llama_config(gqa_checkpoint))
+    for positions in (torch.tensor([0, 5, 63]), torch.tensor([64, 300, 7, 129])):  # the second grows the cache
+        cached = rotary.tables(positions, torch.float32, int(positions.max()))
+        direct = rotary.tables(positions, torch.float32)
+        assert torch.equal(cached.cos, direct.cos) and torch.equal(cached.signed_sin, direct.signed_sin)
+
+
+def test_pages_are_handed_out_lowest_first_after_frees():
+    allocator = PageAllocator(8)
+    a, b, c = allocator.allocate(2), allocator.allocate(3), allocator.allocate(2)
+    assert (a, b, c) == ([0, 1], [2, 3, 4], [5, 6])
+    allocator.free(b)
+    allocator.free(a)
+    assert allocator.allocate(4) == [0, 1, 2, 3]  # a contiguous, ascending run again
+
+
+@pytest.mark.parametrize("contiguous", [True, False])
+@pytest.mark.parametrize("prefix_len,extend_len", [(0, 9), (30, 1), (30, 4)])
+def test_lone_request_attention(contiguous, prefix_len, extend_len):
+    """A lone request reads its KV as a view (contiguous slots, stored by one copy) or gathers it
+    (scattered slots): both equal attention written out by hand, prefill, decode and verify widths."""
+    torch.manual_seed(1)
+    num_heads, num_kv_heads, head_dim, total = 4, 2, 16, prefix_len + extend_len
+    pool = PagedKVPool(1, 64, 1, num_kv_heads, head_dim, torch.float32, torch.device("cpu"))
+    table = torch.full((2, 48), -1, dtype=torch.int64)
+    table[1, :total] = torch.arange(7, 7 + total) if contiguous else torch.randperm(64)[:total]
+    full_k, full_v = torch.randn(total, num_kv_heads, head_dim), torch.randn(total, num_kv_heads, head_dim)
+    pool.store(0, table[1, :prefix_len], full_k[:prefix_len], full_v[:prefix_len])
+    batch = ForwardBatch.from_tails([1], [[3] * extend_len], [prefix_len], table)
+    batch.kv_pool = pool
+    backend = TorchNativeBackend(head_dim)
+    backend.init_forward_metadata(batch)
+    assert (backend.metadata.kv_range is not None) == contiguous
+    q = torch.randn(extend_len, num_heads, head_dim)
+    out = backend.forward(q, full_k[prefix_len:], full_v[prefix_len:], 0, batch)
+    expected = naive_attention(q, full_k, full_v, range(prefix_len, total), head_dim ** -0.5)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(pool.k[0][table[1, :total]], full_k)
+    torch.testing.assert_close(pool.v[0][table[1, :total]], full_v)
+
+
+def test_num_threads_is_applied_and_checked(gqa_checkpoint):
+    before = torch.get_num_threads()
+    try:
+        with build_engine([*PLAIN, f"model.path={gqa_checkpoint}", "num_threads=1"]):
+            assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(ConfigError, match="num_threads must be an integer >= 1"):
+        build_engine([*PLAIN, f"model.path={gqa_checkpoint}", "num_threads=0"])
