@@ -102,19 +102,24 @@ def measure_layout(in_features: int, out_features: int, dtype: torch.dtype, devi
 
 
 _MAX_MEASURED_NUMEL = 1 << 24  # larger weights run compute-bound GEMMs: either layout, no timing needed
+# measured choices, kept for the process: every engine built here packs a shape alike, so two engines
+# over one checkpoint (plain and speculative, say) compute the same logits
+_MEASURED: dict[tuple, str] = {}
 
 
 def choose_layouts(shapes: dict[str, tuple[int, int]], weight_layout: str, dtype: torch.dtype,
                    device: torch.device) -> dict[str, str]:
     """Layout per projection name (`shapes`: name -> (in_features, out_features)). `weight_layout` is
-    `auto` (timed here per distinct shape), or one of `LAYOUTS` for every projection."""
+    `auto` (each distinct shape timed here once per process), or one of `LAYOUTS` for every projection."""
     if weight_layout != "auto":
         if weight_layout not in LAYOUTS:
             raise ConfigError(f"model.weight_layout must be one of {['auto', *LAYOUTS]}, got {weight_layout!r}")
         return {name: weight_layout for name in shapes}
-    measured: dict[tuple[int, int], str] = {}
-    for shape in shapes.values():
-        if shape not in measured:
+    layouts = {}
+    for name, shape in shapes.items():
+        key = (shape, dtype, device.type, torch.get_num_threads())
+        if key not in _MEASURED:
             small = shape[0] * shape[1] <= _MAX_MEASURED_NUMEL
-            measured[shape] = measure_layout(*shape, dtype, device) if small else "linear"
-    return {name: measured[shape] for name, shape in shapes.items()}
+            _MEASURED[key] = measure_layout(*shape, dtype, device) if small else "linear"
+        layouts[name] = _MEASURED[key]
+    return layouts
