@@ -125,3 +125,33 @@ def test_num_threads_is_applied_and_checked(gqa_checkpoint):
         torch.set_num_threads(before)
     with pytest.raises(ConfigError, match="num_threads must be an integer >= 1"):
         build_engine([*PLAIN, f"model.path={gqa_checkpoint}", "num_threads=0"])
+
+
+@pytest.mark.parametrize("hidden_size", [64, 96])
+def test_rms_norm_is_hugging_face_s(hidden_size):
+    """Bit for bit Hugging Face's formula, on both of its paths (power-of-two width or not), in float32
+    and through the float32 upcast of half precision."""
+    from engine.models.llama import RMSNorm
+
+    torch.manual_seed(2)
+    norm = RMSNorm(hidden_size, 1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(hidden_size))
+    for dtype in (torch.float32, torch.bfloat16):
+        x = (torch.randn(7, hidden_size) * 3).to(dtype)
+        h = x.float()
+        expected = norm.weight.to(dtype) * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5)).to(dtype)
+        assert torch.equal(norm.to(dtype)(x), expected), dtype
+        norm.float()
+
+
+def test_unpacked_model_trains(gqa_checkpoint):
+    """Training builds the modules unpacked: one forward, every parameter gets a gradient."""
+    from engine.attention.dense import dense_batch, dense_positions
+    from engine.models.llama import LlamaForCausalLM
+
+    model = LlamaForCausalLM(load_llama_config(gqa_checkpoint))
+    ids = torch.randint(0, model.config.vocab_size, (2 * 9,))
+    hidden, _ = model(ids, dense_positions(2, 9, "cpu"), dense_batch(2, 9))
+    model.compute_logits(hidden).logsumexp(-1).mean().backward()
+    assert all(p.grad is not None for p in model.parameters())

@@ -24,14 +24,21 @@ class RMSNorm(nn.Module):
         self._constants: tuple[torch.Tensor, torch.Tensor] | None = None  # (hidden size, eps) as 0-dim tensors
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Hugging Face's LlamaRMSNorm: normalise in float32, cast back, then scale. The mean is taken as
-        # sum / H, which is how `mean` computes it (same bits), with 0-dim tensor operands: Python
-        # scalars in these ops cost two dtype conversions each.
+        # Hugging Face's LlamaRMSNorm: normalise in float32, cast back, then scale. The mean is sum / H,
+        # which is how `mean` computes it (same bits); for a power-of-two H, eps + sum * (1 / H) is the
+        # same number in one op (1 / H is exact). 0-dim tensor operands: Python scalars in these ops
+        # cost two dtype conversions each.
         dtype = x.dtype
         if dtype != torch.float32:
             x = x.float()
         size, eps = self._constants_on(x.device)
-        x = x * torch.rsqrt_((x * x).sum(-1, keepdim=True).div_(size).add_(eps))
+        hidden = x.shape[-1]
+        square_sum = (x * x).sum(-1, keepdim=True)
+        if hidden & (hidden - 1) == 0:
+            variance = torch.add(eps, square_sum, alpha=1.0 / hidden)
+        else:
+            variance = square_sum.div_(size).add_(eps)
+        x = x * variance.rsqrt_()
         return self.weight * (x if dtype == torch.float32 else x.to(dtype))
 
     def _constants_on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
