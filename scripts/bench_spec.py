@@ -11,8 +11,8 @@ efficiency = measured speedup / ideal. Times are wall-clock means over the decod
 excluded), measured in this run on this machine.
 
 Each phase also gets its floor: the time of the phase's GEMMs alone. Every projection GEMM of the run
-(the fused q/k/v, o, gate/up, down, fc and lm_head calls, with their row counts) is recorded per
-phase, then replayed back to back on the same weights after the run; floor = replay time / phase
+(the fused q/k/v, o, gate/up, down, fc and lm_head calls, or the nn.Linear ones of a model that runs
+its modules one by one, with their row counts) is recorded per phase, then replayed back to back on the same weights after the run; floor = replay time / phase
 count, and overhead = phase time - floor (everything that is not a GEMM: attention, norms, RoPE,
 batch building, sampling, Python).
 """
@@ -35,47 +35,59 @@ from engine.models.fused_linear import FusedLinear  # noqa: E402
 
 
 class GemmRecorder:
-    """Records every FusedLinear call (weights, row count, residual or not) under the outermost label
-    running; `floor(label)` replays that label's calls alone and returns their time per label count."""
+    """Records every projection GEMM (a FusedLinear call, or an nn.Linear one for models that run their
+    modules one by one) with its row count under the outermost label running; `floor(label)` replays
+    that label's calls alone and returns their time per label count."""
 
     def __init__(self):
         self.calls = defaultdict(list)
         self.labels: list[str] = []  # open labels, outermost first
-        self._original = FusedLinear.__call__
+        self._fused = FusedLinear.__call__
+        self._linear = torch.nn.Linear.forward
 
     def __enter__(self):
-        recorder, original = self, self._original
+        recorder, fused, linear = self, self._fused, self._linear
 
-        def recording(linear, x, residual=None):
+        def record_fused(proj, x, residual=None):
             if recorder.labels:
-                recorder.calls[recorder.labels[0]].append((linear, x.shape[0], x.shape[1], residual is not None))
-            return original(linear, x, residual)
+                recorder.calls[recorder.labels[0]].append((proj, x.shape[0], x.shape[1], residual is not None))
+            return fused(proj, x, residual)
 
-        FusedLinear.__call__ = recording
+        def record_linear(module, x):
+            if recorder.labels:
+                recorder.calls[recorder.labels[0]].append((module, x.numel() // x.shape[-1], x.shape[-1], False))
+            return linear(module, x)
+
+        FusedLinear.__call__, torch.nn.Linear.forward = record_fused, record_linear
         return self
 
     def __exit__(self, *exc):
-        FusedLinear.__call__ = self._original
+        FusedLinear.__call__, torch.nn.Linear.forward = self._fused, self._linear
 
     def clear(self):
         self.calls.clear()
+
+    def _run(self, proj, x, residual):
+        if isinstance(proj, torch.nn.Linear):
+            return self._linear(proj, x)
+        return self._fused(proj, x, residual)
 
     @torch.inference_mode()
     def floor(self, label: str, count: int) -> float:
         calls = self.calls.get(label)
         if not calls or not count:
             return float("nan")
-        dtype = next(c[0].weight for c in calls).dtype
+        dtype = calls[0][0].weight.dtype
         inputs = {(rows, width): torch.randn(rows, width, dtype=dtype) for _, rows, width, _ in calls}
         residuals = {(rows, c.out_features): torch.randn(rows, c.out_features, dtype=dtype)
                      for c, rows, _, has in calls if has}
         replay = [(c, inputs[rows, width], residuals[rows, c.out_features] if has else None)
                   for c, rows, width, has in calls]
         for c, x, r in replay[: min(len(replay), 200)]:  # warm up
-            self._original(c, x, r)
+            self._run(c, x, r)
         start = time.perf_counter()
         for c, x, r in replay:
-            self._original(c, x, r)
+            self._run(c, x, r)
         return (time.perf_counter() - start) / count
 
 
