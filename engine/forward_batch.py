@@ -59,7 +59,7 @@ class ForwardBatch:
         positions = [p + j for p, e in zip(prefix_lens, extend_lens) for j in range(e)]
         flat = [r * width + p + j for r, p, e in zip(rows, prefix_lens, extend_lens) for j in range(e)]
         index = torch.tensor([positions, flat], dtype=torch.int64).to(device, non_blocking=True)  # [2, N]
-        out_cache_loc = req_to_token.view(-1).index_select(0, index[1])
+        out_cache_loc = req_to_token.reshape(-1).index_select(0, index[1])  # a view of the (contiguous) table
         row_t = torch.tensor(rows, dtype=torch.int64, device=device)
         return cls(input_ids, index[0], row_t, list(prefix_lens), extend_lens, out_cache_loc, req_to_token,
                    list(rows))
