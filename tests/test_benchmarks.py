@@ -1,6 +1,7 @@
 """The benchmark scripts run end to end as users run them (tiny settings; figures are not checked)."""
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +31,7 @@ def test_bench_spec_prints_phase_floors(tmp_path):
     assert "floors (GEMMs of the phase alone" in out
     result = json.loads((tmp_path / "spec.json").read_text())
     row = result["rows"][0]
+    # every phase recorded GEMMs to replay (no values compared: times belong to the printed table)
     for phase in ("verify", "draft", "extend"):
-        assert 0 < row[f"floor_{phase}"] < row[f"t_{phase}"], (phase, row)
-    assert 0 < result["floor_decode"] < result["t_decode"]
+        assert math.isfinite(row[f"floor_{phase}"]) and row[f"floor_{phase}"] > 0, (phase, row)
+    assert math.isfinite(result["floor_decode"]) and result["floor_decode"] > 0

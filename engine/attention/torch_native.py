@@ -7,9 +7,10 @@ is an extend by one token. The mask lets query `j` of a request see KV index `i`
 Everything that depends only on the batch (KV gather indices, mask, padding layout) is computed once
 per forward in `init_forward_metadata` and shared by all layers. Per layer, the KV of a lone request
 whose slots form one ascending contiguous run (the allocator hands pages out so) is read as a view
-(no copy); otherwise one `index_select` over precomputed flat indices gathers it. The mask is additive
-(0 / -inf) so SDPA does not convert it in every layer. Requests that all extend by the same number of tokens (decode,
-chain verify) need no padding: their packed queries already form the [B, q_len] grid.
+(no copy) and its new KV is stored with one copy; otherwise one `index_select` over precomputed flat
+indices gathers it. The mask is additive (0 / -inf), made once, so SDPA does not convert it in every
+layer. Requests that all extend by the same number of tokens (decode, chain verify) need no padding:
+their packed queries already form the [B, q_len] grid.
 """
 
 from dataclasses import dataclass
