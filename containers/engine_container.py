@@ -52,6 +52,7 @@ class EngineContainer(containers.DeclarativeContainer):
     speculative = providers.Container(
         SpeculativeContainer, config=config, device=models.device, target_model=models.target_model,
         num_pages=cache.num_pages, req_to_token=req_to_token, verify_backend=target_attention_backend,
+        sampler=sampler,
     )
     decode_worker = Singleton(DecodeWorker, runner=target_runner, req_to_token=req_to_token, sampler=sampler)
     eagle_worker = Singleton(

@@ -87,7 +87,7 @@ class SpeculativeConfig:
     num_draft_tokens: Optional[int] = None  # counts the root (bonus) token; null: num_steps + 1 (topk=1)
     attention_mode: AttentionMode = AttentionMode.prefill
     draft_attention_backend: Optional[AttentionBackendName] = None
-    draft_sampling: DraftSampling = DraftSampling.greedy
+    draft_sampling: DraftSampling = DraftSampling.sample
     chain_fast_path: bool = True  # topk=1: preallocated per-slot draft state (false: per-request tensors)
 
 

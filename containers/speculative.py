@@ -21,6 +21,7 @@ class SpeculativeContainer(containers.DeclarativeContainer):
     num_pages = providers.Dependency()
     req_to_token = providers.Dependency()  # the shared request-to-token tensor
     verify_backend = providers.Dependency()  # builds a fresh target attention backend per call
+    sampler = providers.Dependency()
 
     # the step count everything below is built for; adaptive speculation overrides it in a scope
     num_steps = providers.Callable(int, config.speculative.num_steps)
@@ -62,7 +63,7 @@ class SpeculativeContainer(containers.DeclarativeContainer):
     )
     draft_worker = Singleton(
         EagleDraftWorker, draft_runner=draft_runner, req_to_token=req_to_token, buffers=draft_state,
-        draft_sampling=config.speculative.draft_sampling,
+        sampler=sampler, draft_sampling=config.speculative.draft_sampling,
     )
     verify_buffers = providers.Factory(
         VerifyBuffers, max_requests=config.cache.max_running_requests, num_steps=num_steps, device=device,

@@ -5,6 +5,7 @@ import time
 import torch
 
 from engine.errors import ConfigError
+from engine.keyed_random import seed_words
 from engine.metrics import EngineMetrics
 from engine.outputs import RequestOutput
 from engine.request import Request
@@ -83,9 +84,8 @@ class Engine:
             p.validate()
             ids = self.tokenizer.encode(prompts[i]) if prompts is not None else [int(t) for t in prompt_token_ids[i]]
             seed = p.seed if p.seed is not None else int(torch.randint(0, 2**62, (1,), generator=self._seeds))
-            generator = None if p.greedy else torch.Generator(device=self.device).manual_seed(seed)
             prompt = prompts[i] if prompts is not None else None
-            requests.append(Request(self._next_id, ids, p, prompt=prompt, generator=generator))
+            requests.append(Request(self._next_id, ids, p, prompt=prompt, seed_words=seed_words(seed)))
             self._next_id += 1
         self._metrics.num_requests += n
         return requests

@@ -4,8 +4,6 @@ import enum
 import time
 from dataclasses import dataclass, field
 
-import torch
-
 from engine.sampling_params import SamplingParams
 from engine.speculative.metrics import SpecCounters
 
@@ -22,7 +20,7 @@ class Request:
     prompt_ids: list[int]
     params: SamplingParams
     prompt: str | None = None
-    generator: torch.Generator | None = None
+    seed_words: tuple[int, int] = (0, 0)  # key of the request's sampling noise (`keyed_random.seed_words`)
     output_ids: list[int] = field(default_factory=list)
     status: Status = Status.WAITING
     row: int | None = None  # row in the request-to-token table while running

@@ -1,45 +1,126 @@
-"""Token sampling: greedy, temperature, top-k, top-p, one generator per request.
+"""Token choice: greedy, or sampled under temperature, top-k and top-p with noise keyed by
+(request seed, output position).
 
-A request's draws come only from its own generator, so a seeded request emits the same tokens
-alone or inside any batch.
+A sampled request's token at output position i is argmax_t p_i(t) / E(seed, i, t): p_i is the
+filtered target distribution, E standard exponential noise from `keyed_random` (the exponential race,
+i.e. Gumbel-max), so the token is drawn from p_i. Because the noise depends on nothing but the seed,
+the position and the token id, a seeded request emits the same tokens alone or in any batch, in plain
+decoding or when a verify forward scores its position at any depth, whatever drafted it.
 """
+
+from dataclasses import dataclass
 
 import torch
 
+from engine import keyed_random
 from engine.sampling_params import SamplingParams
 
 
-def filtered_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                   top_p: torch.Tensor) -> torch.Tensor:
-    """logits: [B, V]; temperature (> 0), top_k (0 = off), top_p (1 = off): [B] -> probabilities [B, V]."""
+CANDIDATES = 64  # columns first tried for a top-p row without top-k, before falling back to all
+
+
+def filtered_sorted(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                    top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """logits: [R, C]; temperature (> 0), top_k (0 = off), top_p (1 = off): [R].
+
+    Returns the filtered distribution (temperature, then top-k, then top-p over the top-k mass) as
+    (probs [R, n], columns [R, n]) in descending order, cut after the longest row's support; or
+    (probs [R, C], None) when no row filters. Only as many columns as the filters can keep are
+    ranked: a top-k row needs its k best; a top-p row first tries its `CANDIDATES` best and falls back
+    to a full sort when they hold less than top_p of the mass."""
     logits = logits.float() / temperature[:, None]
-    sorted_logits, order = logits.sort(dim=-1, descending=True)
-    rank = torch.arange(logits.shape[-1], device=logits.device)[None, :]
-    k = torch.where(top_k > 0, top_k, logits.shape[-1])
-    sorted_logits = sorted_logits.masked_fill(rank >= k[:, None], float("-inf"))
-    sorted_probs = sorted_logits.softmax(dim=-1)
-    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-    sorted_probs = sorted_probs.masked_fill((mass_before >= top_p[:, None]) & (rank > 0), 0.0)
-    sorted_probs = sorted_probs / sorted_probs.sum(dim=-1, keepdim=True)
-    return torch.zeros_like(sorted_probs).scatter_(-1, order, sorted_probs)
+    num_columns = logits.shape[-1]
+    unfiltered = (top_k <= 0) & (top_p >= 1.0)
+    if bool(unfiltered.all()):
+        return logits.softmax(dim=-1), None
+    has_k = top_k > 0
+    width = num_columns if bool(unfiltered.any()) else min(num_columns, max(int(top_k.max()), CANDIDATES))
+    while True:
+        values, columns = logits.topk(width, dim=-1)  # sorted, descending
+        rank = torch.arange(width, device=logits.device)[None, :]
+        values = values.masked_fill(has_k[:, None] & (rank >= top_k[:, None]), float("-inf"))
+        # top-k rows normalise over their k best (all among the candidates); the others over every column
+        log_norm = torch.where(has_k, values.logsumexp(dim=-1), logits.logsumexp(dim=-1))
+        probs = (values - log_norm[:, None]).exp()
+        mass_before = probs.cumsum(dim=-1) - probs
+        if width == num_columns or bool(((mass_before[:, -1] >= top_p) | has_k).all()):
+            break
+        width = num_columns  # a top-p row's nucleus reaches past the candidates
+    probs = probs.masked_fill((mass_before >= top_p[:, None]) & (rank > 0), 0.0)
+    n = int((probs > 0).sum(dim=-1).max())
+    probs = probs[:, :n]
+    return probs / probs.sum(dim=-1, keepdim=True), columns[:, :n]
 
 
-def params_tensors(params: list[SamplingParams], device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    temperature = torch.tensor([max(p.temperature, 1e-6) for p in params], dtype=torch.float32, device=device)
-    top_k = torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device)
-    top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device)
-    return temperature, top_k, top_p
+@dataclass
+class SamplingBatch:
+    """What choosing tokens for B requests needs, built once per step. Only the requests that sample
+    (temperature > 0) get tensors: `rows` [S] are their indices in the batch; temperature, top_k,
+    top_p [S]; words [S, 2] their seed words; positions [S] the output position of each one's next token."""
+
+    size: int
+    rows: torch.Tensor | None = None
+    temperature: torch.Tensor | None = None
+    top_k: torch.Tensor | None = None
+    top_p: torch.Tensor | None = None
+    words: torch.Tensor | None = None
+    positions: torch.Tensor | None = None
+
+    @classmethod
+    def of(cls, params: list[SamplingParams], seed_words: list[tuple[int, int]], positions: list[int],
+           device) -> "SamplingBatch":
+        sampled = [i for i, p in enumerate(params) if not p.greedy]
+        if not sampled:
+            return cls(len(params))
+        ps = [params[i] for i in sampled]
+
+        def tensor(values, dtype):
+            return torch.tensor(values, dtype=dtype, device=device)
+
+        return cls(
+            len(params), rows=tensor(sampled, torch.int64),
+            temperature=tensor([p.temperature for p in ps], torch.float32),
+            top_k=tensor([p.top_k for p in ps], torch.int64), top_p=tensor([p.top_p for p in ps], torch.float32),
+            words=tensor([seed_words[i] for i in sampled], torch.int64),
+            positions=tensor([positions[i] for i in sampled], torch.int64),
+        )
+
+    @classmethod
+    def of_requests(cls, requests, device) -> "SamplingBatch":
+        """For requests whose next token is the one after their current output."""
+        return cls.of([r.params for r in requests], [r.seed_words for r in requests],
+                      [len(r.output_ids) for r in requests], device)
+
+    @property
+    def all_greedy(self) -> bool:
+        return self.rows is None
 
 
 class Sampler:
-    def sample(self, logits: torch.Tensor, params: list[SamplingParams],
-               generators: list[torch.Generator | None]) -> list[int]:
-        """logits: [B, V] -> one token id per row."""
-        tokens = logits.argmax(dim=-1).tolist()
-        sampled = [i for i, p in enumerate(params) if not p.greedy]
-        if sampled:
-            rows = torch.tensor(sampled, device=logits.device)
-            probs = filtered_probs(logits[rows], *params_tensors([params[i] for i in sampled], logits.device))
-            for j, i in enumerate(sampled):
-                tokens[i] = int(torch.multinomial(probs[j], 1, generator=generators[i]))
+    def sample(self, logits: torch.Tensor, batch: SamplingBatch, width: int = 1, offset: int = 0,
+               token_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """logits: [B * width, C], request-major: row b * width + j scores request b's output position
+        positions[b] + offset + j. Returns the chosen column of each row as [B, width].
+
+        Columns are token ids unless `token_ids` [C] names them (a draft vocabulary): the noise is
+        keyed by token id, so a drafter sampling its own distribution over its own columns uses the
+        same noise as the target does for the same token (coupled draws)."""
+        tokens = logits.argmax(dim=-1).view(batch.size, width)
+        if batch.all_greedy:
+            return tokens
+        rows = batch.rows
+        if width > 1:
+            rows = (rows[:, None] * width + torch.arange(width, device=rows.device)).flatten()
+        probs, columns = filtered_sorted(logits[rows], *(t.repeat_interleave(width) for t in
+                                                           (batch.temperature, batch.top_k, batch.top_p)))
+        positions = batch.positions[:, None] + offset + torch.arange(width, device=rows.device)  # [S, width]
+        keys = keyed_random.row_keys(batch.words.repeat_interleave(width, dim=0), positions.flatten())
+        if columns is None:  # no filter: every column
+            ids = torch.arange(logits.shape[-1], device=logits.device) if token_ids is None else token_ids
+        else:  # noise only over the support
+            ids = columns if token_ids is None else token_ids[columns]
+        chosen = (probs / keyed_random.exponentials(keys, ids)).argmax(dim=-1, keepdim=True)
+        if columns is not None:
+            chosen = columns.gather(-1, chosen)
+        tokens[batch.rows] = chosen.view(-1, width)
         return tokens

@@ -9,7 +9,7 @@ import torch
 from engine.forward_batch import ForwardBatch
 from engine.request import Request
 from engine.runner import ModelRunner
-from engine.sampling import Sampler
+from engine.sampling import Sampler, SamplingBatch
 
 
 class DecodeWorker:
@@ -27,8 +27,8 @@ class DecodeWorker:
         output = self.runner.forward(batch)
         for request in requests:
             request.num_computed = request.seq_len
-        tokens = self.sampler.sample(output.logits, [r.params for r in requests], [r.generator for r in requests])
-        return [[t] for t in tokens]
+        sampling = SamplingBatch.of_requests(requests, output.logits.device)
+        return self.sampler.sample(output.logits, sampling).tolist()
 
     def stats(self) -> dict:
         return {}

@@ -21,13 +21,13 @@ import torch
 from engine.forward_batch import ForwardBatch
 from engine.request import Request
 from engine.runner import ModelRunner
-from engine.sampling import Sampler, filtered_probs, params_tensors
+from engine.sampling import Sampler, SamplingBatch
 from engine.speculative.bindings import bind_runtime_state
 from engine.speculative.deferred_extend import DeferredExtend
 from engine.speculative.draft_worker import EagleDraftWorker
 from engine.speculative.metrics import SpecCounters
 from engine.speculative.state import SpecRuntimeState
-from engine.speculative.verify import verify_greedy, verify_sampled_row
+from engine.speculative.verify import accept_lengths
 
 
 class EagleWorker:
@@ -74,7 +74,7 @@ class EagleWorker:
         rows = [r.row for r in requests]
         batch = ForwardBatch.from_tails(rows, [r.prompt_ids for r in requests], [0] * len(requests), self.req_to_token)
         out = self.target_runner.forward(batch)
-        first = self.sampler.sample(out.logits, [r.params for r in requests], [r.generator for r in requests])
+        first = self.sampler.sample(out.logits, SamplingBatch.of_requests(requests, out.logits.device))[:, 0].tolist()
         for request in requests:
             request.num_computed = len(request.prompt_ids)
         features = self.draft_worker.target_features(out.hidden, out.aux_hidden)
@@ -90,36 +90,23 @@ class EagleWorker:
         k, b = self.num_steps, len(requests)
         rows = [r.row for r in requests]
         seq_lens = [r.num_computed for r in requests]
-        params = [r.params for r in requests]
-        generators = [r.generator for r in requests]
+        sampling = SamplingBatch.of_requests(requests, self.req_to_token.device)
         bonus = torch.tensor([r.output_ids[-1] for r in requests], dtype=torch.int64)
         if k > 0:
             held = self.deferred.take(rows)
             if held is not None:  # back from 0 steps: bring the draft KV up to date first
                 self.draft_worker.forward_draft_extend(*held)
-            drafts, draft_probs = self.draft_worker.draft(rows, seq_lens, params, generators)
+            drafts = self.draft_worker.draft(rows, seq_lens, sampling)
         else:
-            drafts, draft_probs = torch.zeros(b, 0, dtype=torch.int64), None
+            drafts = torch.zeros(b, 0, dtype=torch.int64)
         clock.lap("draft")
         chain = self.verify_buffers.fill_chain(bonus.to(drafts.device), drafts)  # [B, k+1]
         batch = ForwardBatch.from_tails(rows, chain, seq_lens, self.req_to_token)
         out = self.target_runner.forward(batch, logits_indices=self.verify_buffers.indices(b),
                                          attn_backend=self.verify_backend)
-        logits = out.logits.view(b, k + 1, -1)
-
-        accept_lens, tokens = verify_greedy(logits, drafts)
+        tokens = self.sampler.sample(out.logits, sampling, width=k + 1)  # [B, k+1]: the target's own choices
+        accept_lens = accept_lengths(drafts.to(tokens.device), tokens)
         emitted = [row[:n] for row, n in zip(tokens.tolist(), accept_lens.tolist())]
-        sampled = [i for i, p in enumerate(params) if not p.greedy]
-        if sampled:
-            idx = torch.tensor(sampled, device=logits.device)
-            sampled_params = [params[i] for i in sampled]
-            temperature, top_k, top_p = params_tensors(sampled_params, logits.device)
-            probs = filtered_probs(logits[idx].flatten(0, 1), temperature.repeat_interleave(k + 1),
-                                   top_k.repeat_interleave(k + 1), top_p.repeat_interleave(k + 1)).view(len(sampled), k + 1, -1)
-            draft_list = drafts.tolist()
-            for j, i in enumerate(sampled):
-                q = draft_probs[i] if draft_probs is not None else None
-                emitted[i] = verify_sampled_row(probs[j], draft_list[i], q, generators[i])
 
         # commit, then draft-extend over the verified rows (bonus and accepted drafts, with their features)
         keep = torch.tensor([i * (k + 1) + j for i, e in enumerate(emitted) for j in range(len(e))],
