@@ -13,7 +13,7 @@ from engine.request import Request
 
 PROMPTS = ["def add(a, b):", "import os", "class Point:\n    def __init__(self, x, y):", "for", "x = [1, 2, 3]"]
 # unequal lengths: the batch shrinks 5 -> 1 as requests finish, crossing tiers
-PARAMS = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (30, 12, 22, 6, 26)]
+PARAMS = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (60, 24, 44, 12, 52)]
 TIERS = "adaptive.tiers=[{batch_size:2,candidates:[0,1,3,5]},{batch_size:8,candidates:[0,2,4]}]"
 
 

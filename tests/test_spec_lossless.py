@@ -29,9 +29,11 @@ def test_greedy_speculative_equals_plain(spec_pair, plain_outputs, kind, num_ste
     assert 1.0 <= metrics["mean_accept_length"] <= num_steps + 1
     assert len(metrics["accept_rate_per_position"]) == num_steps
     assert all(o.stats["num_verify_cycles"] > 0 for o in outs)
-    if kind == "eagle":  # the token-reading head agrees often: acceptance really is ragged
-        assert metrics["mean_accept_length"] > 1.3
-        assert 0 < metrics["draft_accept_rate"] < 1
+    # the trained heads agree often but not always: acceptance is ragged at every depth
+    assert 0 < metrics["draft_accept_rate"] < 1
+    assert all(rate > 0 for rate in metrics["accept_rate_per_position"])
+    if num_steps >= 3:
+        assert metrics["mean_accept_length"] >= 1.5
 
 
 def test_zero_steps_is_plain_decoding_through_the_same_worker(spec_pair, plain_outputs):

@@ -1,4 +1,5 @@
-"""Speculative sampling is lossless: emitted tokens follow the target's (filtered) distribution."""
+"""Speculative sampling is lossless: emitted tokens follow the target's (filtered) distribution at every
+temperature and filter, with greedy or sampled drafts."""
 
 import itertools
 
@@ -23,7 +24,7 @@ def tiny_pair(tmp_path_factory):
     return target, head
 
 
-def exact_marginals(target, temperature, top_p):
+def exact_marginals(target, temperature, top_k, top_p):
     """P(x1), P(x2), P(x3) of the target under the filters, by enumerating continuations."""
     from transformers import LlamaForCausalLM
 
@@ -32,7 +33,7 @@ def exact_marginals(target, temperature, top_p):
     def next_probs(prefixes):
         with torch.no_grad():
             logits = model(torch.tensor([PROMPT + list(p) for p in prefixes])).logits[:, -1].double()
-        return [reference_probs(lg, temperature, 0, top_p) for lg in logits]
+        return [reference_probs(lg, temperature, top_k, top_p) for lg in logits]
 
     p1 = next_probs([()])[0]
     p2 = torch.stack(next_probs([(a,) for a in range(VOCAB)]))  # [x1, x2]
@@ -41,13 +42,17 @@ def exact_marginals(target, temperature, top_p):
     return [p1, joint12.sum(0), (joint12[:, :, None] * p3).sum((0, 1))]
 
 
+# temperature, top_k, top_p: verification must apply each filter as plain decoding does
+CASES = [(1.0, 0, 1.0), (1.0, 0, 0.8), (0.7, 5, 1.0), (1.5, 6, 0.9)]
+
+
 @pytest.mark.parametrize("draft_sampling", ["greedy", "sample"])
-@pytest.mark.parametrize("top_p", [1.0, 0.8])
-def test_speculative_sampling_matches_target_distribution(tiny_pair, draft_sampling, top_p):
+@pytest.mark.parametrize("temperature,top_k,top_p", CASES)
+def test_speculative_sampling_matches_target_distribution(tiny_pair, draft_sampling, temperature, top_k, top_p):
     target, head = tiny_pair
-    expected = exact_marginals(target, 1.0, top_p)
-    params = [SamplingParams(max_new_tokens=3, temperature=1.0, top_p=top_p, seed=s, ignore_eos=True)
-              for s in range(NUM_SAMPLES)]
+    expected = exact_marginals(target, temperature, top_k, top_p)
+    params = [SamplingParams(max_new_tokens=3, temperature=temperature, top_k=top_k, top_p=top_p, seed=s,
+                             ignore_eos=True) for s in range(NUM_SAMPLES)]
     overrides = spec_overrides(target, head, "eagle", 2, f"speculative.draft_sampling={draft_sampling}",
                                "cache.max_running_requests=512")
     with build_engine(overrides) as eng:
@@ -60,7 +65,7 @@ def test_speculative_sampling_matches_target_distribution(tiny_pair, draft_sampl
         assert int((expected[position] > 0).sum()) >= 3
         assert counts[expected[position] == 0].sum() == 0
         assert chi_square_p_value(counts, expected[position]) > 1e-3, f"token {position + 1}"
-    if top_p < 1.0:  # power: the unfiltered distribution is rejected at the verified positions
-        unfiltered = exact_marginals(target, 1.0, 1.0)
+    if (temperature, top_k, top_p) != (1.0, 0, 1.0):  # power: the unfiltered T = 1 distribution is rejected
+        unfiltered = exact_marginals(target, 1.0, 0, 1.0)
         counts = torch.bincount(tokens[:, 1], minlength=VOCAB).double()
         assert chi_square_p_value(counts, unfiltered[1]) < 1e-6

@@ -17,6 +17,10 @@ class TTTBatch:
     step: int
     attn_backend: "TTTAttention"
 
+    @property
+    def max_position(self) -> int:
+        return self.seq_len - 1 + self.step  # chain j at step s has rope position j + s
+
 
 class TTTAttention:
     name = "ttt"

@@ -1,0 +1,91 @@
+"""A seeded sampled request emits the same tokens whatever runs it: plain decoding, any step count,
+either draft head, either draft sampling mode, adaptive step schedules, alone or in any batch."""
+
+import pytest
+
+from conftest import PLAIN, spec_overrides
+from engine import SamplingParams, build_engine
+
+PROMPTS = ["def add(a, b):", "import os", "class Point:\n    def __init__(self, x, y):", "for", "x = [1, 2, 3]",
+           "print(", "def main():\n    ", "if x:", "return", "while True:", "import sys\nimport os\n", "y = x +",
+           "class A:", "for i in range(10):", "def f(x):\n    return", "# a comment\n"]
+# temperature, top_k, top_p: every filter, several temperatures, and greedy requests in the same batch
+SETTINGS = [(0.7, 0, 1.0), (1.0, 5, 1.0), (0.8, 0, 0.95), (1.3, 20, 0.9), (0.0, 0, 1.0), (1.0, 0, 1.0),
+            (0.5, 3, 0.8), (0.9, 40, 1.0)]
+PARAMS = [SamplingParams(max_new_tokens=20 + i % 3 * 6, temperature=t, top_k=k, top_p=p, seed=1000 + i,
+                         ignore_eos=True)
+          for i, (t, k, p) in enumerate(SETTINGS * 2)]
+TIERS = "adaptive.tiers=[{batch_size:4,candidates:[1,3,5]},{batch_size:16,candidates:[0,2,4]}]"
+
+
+def token_ids(overrides, prompts=PROMPTS, params=PARAMS) -> tuple[list[list[int]], dict]:
+    with build_engine([*overrides, "cache.max_running_requests=16"]) as eng:
+        outs = eng.generate(prompts, params)
+        assert eng.scheduler.kv.all_free()
+        return [o.token_ids for o in outs], eng.metrics()
+
+
+@pytest.fixture(scope="module")
+def plain(spec_pair):
+    return token_ids([*PLAIN, f"model.path={spec_pair[0]}"])[0]
+
+
+def test_plain_batch_of_16_equals_each_request_alone(spec_pair, plain):
+    target = spec_pair[0]
+    with build_engine([*PLAIN, f"model.path={target}"]) as eng:
+        alone = [eng.generate([prompt], params)[0].token_ids for prompt, params in zip(PROMPTS, PARAMS)]
+    assert alone == plain
+    assert len({tuple(t) for t in plain}) == len(plain)  # really sampled: no two requests alike
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+@pytest.mark.parametrize("num_steps", [1, 2, 3, 4, 5])
+def test_speculative_equals_plain_for_every_step_count(spec_pair, plain, kind, num_steps):
+    target, heads = spec_pair
+    got, metrics = token_ids(spec_overrides(target, heads[kind], kind, num_steps))
+    assert got == plain
+    assert 0 < metrics["draft_accept_rate"] < 1  # sampled drafts are accepted and rejected
+
+
+@pytest.mark.parametrize("draft_sampling", ["greedy", "sample"])
+def test_draft_sampling_mode_changes_speed_not_tokens(spec_pair, plain, draft_sampling):
+    target, heads = spec_pair
+    got, _ = token_ids(spec_overrides(target, heads["eagle3"], "eagle3", 3,
+                                      f"speculative.draft_sampling={draft_sampling}"))
+    assert got == plain
+
+
+@pytest.mark.parametrize("policy", ["ema", "throughput"])
+def test_adaptive_schedules_equal_plain(spec_pair, plain, policy):
+    target, heads = spec_pair
+    got, metrics = token_ids([*spec_overrides(target, heads["eagle"], "eagle", 3), f"adaptive={policy}", TIERS,
+                              "adaptive.update_interval=2", "adaptive.warmup_batches=2", "adaptive.probe_interval=2"])
+    assert got == plain
+    assert metrics["adaptive_switches"] >= 1
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_speculative_request_does_not_depend_on_its_neighbours(spec_pair, plain, kind):
+    """Alone, with other neighbours, and in another batch position: the same tokens."""
+    target, heads = spec_pair
+    with build_engine(spec_overrides(target, heads[kind], kind, 4)) as eng:
+        for i in (0, 3, 6):
+            alone = eng.generate([PROMPTS[i]], PARAMS[i])[0].token_ids
+            others = [SamplingParams(max_new_tokens=n, temperature=1.0, seed=s, ignore_eos=True)
+                      for n, s in ((5, 7), (30, None))]
+            mixed = eng.generate([PROMPTS[5], PROMPTS[i], PROMPTS[9]], [others[0], PARAMS[i], others[1]])
+            assert alone == mixed[1].token_ids == plain[i]
+
+
+def test_unseeded_requests_follow_the_engine_seed(spec_pair):
+    """Without a request seed the engine's `seed` decides: the same engine seed reproduces a run,
+    another engine seed gives other tokens."""
+    target, heads = spec_pair
+    params = SamplingParams(max_new_tokens=16, temperature=1.0, ignore_eos=True)
+
+    def run(seed, *overrides):
+        return token_ids([*overrides, f"seed={seed}"], PROMPTS[:4], params)[0]
+
+    spec = spec_overrides(target, heads["eagle3"], "eagle3", 3)
+    assert run(5, *spec) == run(5, *PLAIN, f"model.path={target}")
+    assert run(5, *spec) != run(6, *spec)
