@@ -83,3 +83,18 @@ def test_adaptive_sweep_end_to_end(tmp_path):
     assert "adaptive_switches" not in runs[0]["metrics"]
     assert all(sum(r["metrics"]["adaptive_cycles_at_steps"].values()) > 0 for r in runs[1:])
     assert len({tuple(r["outputs"][0]["token_ids"]) for r in runs}) == 1  # greedy: the same tokens
+
+
+def test_local_settings_apply_before_command_line_overrides(gqa_checkpoint, tmp_path):
+    """`local/default.yaml` of a config directory given with `-cd` (the source checkout's `conf/local/`
+    works the same way) sets top-level keys; the command line still wins."""
+    (tmp_path / "mine" / "local").mkdir(parents=True)
+    (tmp_path / "mine" / "local" / "default.yaml").write_text(
+        f"model:\n  path: {gqa_checkpoint}\nsampling:\n  max_new_tokens: 3\n  ignore_eos: true\n")
+    for extra, n in (((), 3), (("sampling.max_new_tokens=5",), 5)):
+        proc = run_cli("-cd", str(tmp_path / "mine"), *PLAIN, "prompt=def fib(n):", *extra,
+                       f"hydra.run.dir={tmp_path}/run{n}", cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        saved = json.loads((tmp_path / f"run{n}" / "outputs.json").read_text())
+        assert saved["config"]["model"]["path"] == str(gqa_checkpoint)
+        assert len(saved["outputs"][0]["token_ids"]) == n

@@ -13,6 +13,11 @@ from engine.assets import asset_path, heldout_files
 PROMPTS = ["def fibonacci(n):\n", "import os\nimport sys\n\n", "class Stack:\n    def __init__(self):\n",
            "    for i, line in enumerate(lines):\n"]
 PARAMS = SamplingParams(max_new_tokens=40, ignore_eos=True)
+# tau of the shipped heads on PROMPTS x PARAMS (greedy, deterministic). A change in how drafts are made
+# (features, positions, KV, the draft loop) that costs acceptance shows here even while output stays
+# lossless. Re-record only when the heads are retrained.
+GOLDEN_TAU = {("eagle", 1): 1.798, ("eagle", 2): 2.477, ("eagle", 3): 2.780, ("eagle", 5): 3.553,
+              ("eagle3", 1): 1.646, ("eagle3", 2): 2.107, ("eagle3", 3): 2.388, ("eagle3", 5): 2.780}
 
 
 def test_default_run_completes_a_python_prompt_and_prints_tau(tmp_path):
@@ -33,7 +38,7 @@ def plain_outputs():
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
 @pytest.mark.parametrize("num_steps", [1, 2, 3, 5])
 @pytest.mark.parametrize("page_size", [1, 16])
-def test_shipped_pair_is_lossless(plain_outputs, kind, num_steps, page_size):
+def test_shipped_pair_is_lossless_at_its_recorded_acceptance(plain_outputs, kind, num_steps, page_size):
     overrides = [f"draft={kind}", f"speculative={kind}", f"speculative.num_steps={num_steps}",
                  f"cache.page_size={page_size}"]
     with build_engine(overrides) as eng:
@@ -41,7 +46,7 @@ def test_shipped_pair_is_lossless(plain_outputs, kind, num_steps, page_size):
         tau = eng.metrics()["mean_accept_length"]
         assert eng.scheduler.kv.all_free()
     assert [o.token_ids for o in outs] == plain_outputs
-    assert tau > 1.3  # trained heads: drafts are accepted
+    assert tau == pytest.approx(GOLDEN_TAU[kind, num_steps], abs=0.05)
 
 
 def test_shipped_heads_use_the_published_layouts():
