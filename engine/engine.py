@@ -39,8 +39,12 @@ class Engine:
         start = time.perf_counter()
         for request in requests:
             self.scheduler.add(request)
-        while self.scheduler.has_work():
-            self.step()
+        try:
+            while self.scheduler.has_work():
+                self.step()
+        except BaseException as e:  # an error or an interrupt mid-step: leave no request running and no KV held
+            self.scheduler.abort(requests, f"generate() stopped by {type(e).__name__}: {e}")
+            raise
         self._metrics.generate_time_s += time.perf_counter() - start
         return [self._output(r) for r in requests]
 

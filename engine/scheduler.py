@@ -63,6 +63,14 @@ class Scheduler:
             admitted += 1
         return list(self.running)
 
+    def abort(self, requests: list[Request], reason: str) -> None:
+        """End `requests` where they stand (waiting or running) with an error, and free their KV."""
+        for request in requests:
+            if not request.finished:
+                request.fail(reason)
+        self.waiting = deque(r for r in self.waiting if not r.finished)
+        self.release_finished()
+
     def release_finished(self) -> list[Request]:
         done = [r for r in self.running if r.finished]
         for request in done:
