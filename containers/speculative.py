@@ -41,7 +41,6 @@ class SpeculativeContainer(containers.DeclarativeContainer):
         DraftBackendFactory,
         backend_classes=providers.Object(BACKENDS),
         head_dim=draft_head_dim,
-        topk=config.speculative.topk,
         num_steps=num_steps,
         attention_mode=config.speculative.attention_mode,
         prefill_backend=providers.Callable(factories.backend_or_default, config.attention.prefill_backend,

@@ -152,3 +152,15 @@ def test_throughput_compares_costs_at_the_current_batch_size():
     assert p.cycle_seconds(3, 4) == pytest.approx(2.0)  # scaled from 2 requests to 4
     assert p.cycle_seconds(1, 4) == pytest.approx(1.2)
     assert p.estimated_rate(3) == pytest.approx(4 / 2.0) and p.estimated_rate(1) == pytest.approx(2 / 1.2)
+
+
+def test_controller_times_phases_only_for_policies_that_read_times():
+    tiers = [Tier(batch_size=4, candidates=(1, 3), initial=3), Tier(batch_size=16, candidates=(0, 2), initial=2)]
+    acceptance = AcceptanceModel(decay=0.9)
+
+    def throughput(candidates, initial):
+        return ThroughputPolicy(candidates, initial, acceptance=acceptance, ema_alpha=0.2, update_interval=2,
+                                probe_interval=4)
+
+    assert not AdaptiveController(tiers, lambda candidates, initial: ema(candidates, initial)).needs_timings
+    assert AdaptiveController(tiers, throughput).needs_timings

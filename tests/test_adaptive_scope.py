@@ -40,7 +40,7 @@ def same(a: dict, b: dict) -> bool:
 
 
 def no_extend_state(worker) -> SpecRuntimeState:
-    f = DraftBackendFactory({"torch_native": TorchNativeBackend, "none": NoExtendBackend}, 16, 1, 2, "prefill",
+    f = DraftBackendFactory({"torch_native": TorchNativeBackend, "none": NoExtendBackend}, 16, 2, "prefill",
                             "torch_native", "torch_native", draft_attention_backend="none")
     return SpecRuntimeState.create(2, f, TorchNativeBackend(16), VerifyBuffers(4, 2, "cpu"))
 

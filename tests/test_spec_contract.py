@@ -29,7 +29,7 @@ class DecodeOnlyBackend(TorchNativeBackend):
 
 def factory(num_steps=3, mode="prefill", draft_backend=None, classes=None):
     classes = classes or {"torch_native": TorchNativeBackend, "decode_only": DecodeOnlyBackend}
-    return DraftBackendFactory(classes, head_dim=16, topk=1, num_steps=num_steps, attention_mode=mode,
+    return DraftBackendFactory(classes, head_dim=16, num_steps=num_steps, attention_mode=mode,
                                prefill_backend="torch_native", decode_backend="torch_native",
                                draft_attention_backend=draft_backend)
 
@@ -43,11 +43,11 @@ def test_factory_decode_backend_per_step_or_none():
 
 def test_factory_extend_backend_by_mode_and_override():
     classes = {"torch_native": TorchNativeBackend, "recording": RecordingBackend, "decode_only": DecodeOnlyBackend}
-    f = DraftBackendFactory(classes, 16, 1, 3, "decode", prefill_backend="torch_native", decode_backend="recording")
+    f = DraftBackendFactory(classes, 16, 3, "decode", prefill_backend="torch_native", decode_backend="recording")
     assert type(f.create_draft_extend_backend()) is RecordingBackend
-    f = DraftBackendFactory(classes, 16, 1, 3, "prefill", prefill_backend="torch_native", decode_backend="recording")
+    f = DraftBackendFactory(classes, 16, 3, "prefill", prefill_backend="torch_native", decode_backend="recording")
     assert type(f.create_draft_extend_backend()) is TorchNativeBackend
-    f = DraftBackendFactory(classes, 16, 1, 3, "prefill", "torch_native", "torch_native", draft_attention_backend="recording")
+    f = DraftBackendFactory(classes, 16, 3, "prefill", "torch_native", "torch_native", draft_attention_backend="recording")
     assert type(f.create_draft_extend_backend()) is RecordingBackend
     assert factory(draft_backend="decode_only").create_draft_extend_backend() is None
 
@@ -104,7 +104,7 @@ def record_phases(engine, classes):
     """Rebind the draft worker's backends to recording ones; run; return who ran what."""
     worker = engine.worker
     draft = worker.draft_worker
-    f = DraftBackendFactory(classes, draft.model.config.head_dim, 1, worker.num_steps, "prefill",
+    f = DraftBackendFactory(classes, draft.model.config.head_dim, worker.num_steps, "prefill",
                             "torch_native", "torch_native")
     worker.apply_runtime_state(SpecRuntimeState.create(worker.num_steps, f, worker.verify_backend, worker.verify_buffers))
     RecordingBackend.log = []

@@ -17,10 +17,6 @@ class PageAllocator:
     def num_free_pages(self) -> int:
         return len(self._free)
 
-    @property
-    def num_used_pages(self) -> int:
-        return len(self._owned)
-
     def can_allocate(self, num_pages: int) -> bool:
         return num_pages <= len(self._free)
 

@@ -49,10 +49,6 @@ class KVCacheManager:
         self.allocator.free(self._pages.pop(row))
         self.table.free_row(row)
 
-    @property
-    def num_active(self) -> int:
-        return len(self._pages)
-
     def all_free(self) -> bool:
         return (not self._pages and self.allocator.num_free_pages == self.allocator.num_pages
                 and self.table.num_free_rows == self.table.max_requests)

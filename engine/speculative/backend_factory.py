@@ -7,7 +7,7 @@ ATTENTION_MODES = ("prefill", "decode")
 
 
 class DraftBackendFactory:
-    def __init__(self, backend_classes: dict[str, type], head_dim: int, topk: int, num_steps: int,
+    def __init__(self, backend_classes: dict[str, type], head_dim: int, num_steps: int,
                  attention_mode: str, prefill_backend: str, decode_backend: str,
                  draft_attention_backend: str | None = None):
         if attention_mode not in ATTENTION_MODES:
@@ -18,7 +18,6 @@ class DraftBackendFactory:
                 raise ConfigError(f"{field}: unknown attention backend {name!r}; allowed: {sorted(backend_classes)}")
         self.backend_classes = backend_classes
         self.head_dim = head_dim
-        self.topk = topk
         self.num_steps = num_steps
         self.attention_mode = attention_mode
         self.prefill_backend = prefill_backend

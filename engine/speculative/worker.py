@@ -86,7 +86,7 @@ class EagleWorker:
     def decode(self, requests: list[Request]) -> list[list[int]]:
         if self.controller is not None:
             self.apply_runtime_state(self.candidate_states[self.controller.choose(len(requests))])
-        clock = _PhaseClock(self.req_to_token.device, sync=self.controller is not None)
+        clock = _PhaseClock(self.req_to_token.device, sync=self.controller is not None and self.controller.needs_timings)
         k, b = self.num_steps, len(requests)
         rows = [r.row for r in requests]
         seq_lens = [r.num_computed for r in requests]

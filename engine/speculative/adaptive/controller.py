@@ -21,6 +21,11 @@ class AdaptiveController:
         self._last: int | None = None
 
     @property
+    def needs_timings(self) -> bool:
+        """Whether any tier's policy reads phase times (on CUDA, timing costs a device sync per phase)."""
+        return any(policy.needs_timings for policy in self.policies)
+
+    @property
     def all_candidates(self) -> set[int]:
         return {k for tier in self.tiers for k in tier.candidates}
 
