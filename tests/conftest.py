@@ -1,4 +1,5 @@
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -34,6 +35,23 @@ CHECKPOINTS = {
 }
 
 
+def fixture_dir(tmp_path_factory, name: str, build) -> Path:
+    """A directory that `build(path)` fills once per session; with EYAS_TEST_CACHE_DIR set, once for
+    every session that shares that directory (the mutation runs build their fixtures once)."""
+    shared = os.environ.get("EYAS_TEST_CACHE_DIR")
+    if not shared:
+        path = tmp_path_factory.mktemp(name)
+        build(path)
+        return path
+    path = Path(shared) / name
+    if not (path / ".complete").is_file():
+        shutil.rmtree(path, ignore_errors=True)
+        path.mkdir(parents=True)
+        build(path)
+        (path / ".complete").touch()
+    return path
+
+
 @pytest.fixture(scope="session")
 def checkpoint(tmp_path_factory):
     """checkpoint(name) -> directory of a tiny random HF Llama, written once per session."""
@@ -41,7 +59,7 @@ def checkpoint(tmp_path_factory):
 
     def get(name: str) -> Path:
         if name not in cache:
-            cache[name] = write_llama(tmp_path_factory.mktemp(name), **CHECKPOINTS[name])
+            cache[name] = fixture_dir(tmp_path_factory, name, lambda path: write_llama(path, **CHECKPOINTS[name]))
         return cache[name]
 
     return get
@@ -57,9 +75,9 @@ def spec_pair(checkpoint, tmp_path_factory):
     """(target, {"eagle": head, "eagle3": head}) in the published head layouts, both trained for a few
     seconds on the target's samples, so drafts are accepted at every depth (tau about 2.9 and 2.4 at k = 3)."""
     target = checkpoint("bigram")
-    heads = {"eagle": tmp_path_factory.mktemp("eagle"), "eagle3": tmp_path_factory.mktemp("eagle3")}
-    train_heads(target, heads["eagle"], heads["eagle3"])
-    return target, heads
+    trained = fixture_dir(tmp_path_factory, "trained_heads",
+                          lambda path: train_heads(target, path / "eagle", path / "eagle3"))
+    return target, {"eagle": trained / "eagle", "eagle3": trained / "eagle3"}
 
 
 def plain_token_ids(target, prompts, params) -> list[list[int]]:

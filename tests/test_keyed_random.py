@@ -34,6 +34,17 @@ def test_seed_words_cover_the_whole_seed_range():
     assert all(0 <= w < 2**32 for pair in words for w in pair)
 
 
+def test_recorded_stream_never_changes():
+    """The noise is part of what a seed means: a change here would change every seeded output."""
+    words = [keyed_random.seed_words(s) for s in (0, 12345, 2**64 - 1)]
+    assert words[0] == (2065550767, 3793791033) and words[2] == (459615264, 3839455607)
+    keys = keyed_random.row_keys(torch.tensor(words), torch.tensor([0, 7, 100000]))
+    assert keys.tolist() == [[2351335141, 4204088601], [2853939862, 2268413897], [762162407, 1992045553]]
+    u = keyed_random.uniforms(keys, torch.tensor([0, 1, 4095]))
+    assert ((u * 2**24) - 0.5).long().tolist() == [[3015391, 10561408, 7312419], [225123, 14676510, 15109316],
+                                                   [15514260, 953866, 10755988]]
+
+
 def keys(seeds, positions):
     words = torch.tensor([keyed_random.seed_words(s) for s in seeds])
     return keyed_random.row_keys(words, torch.tensor(positions))
