@@ -3,7 +3,7 @@ the tests fail.
 
     python scripts/mutation_run.py                        # the default files, the tests mapped to each
     python scripts/mutation_run.py engine/stopping.py --list
-    python scripts/mutation_run.py --json mutation_report.json
+    python scripts/mutation_run.py --jobs 2 --json mutation_report.json   # 2 runs at a time, 1 thread each
 
 Mutants: comparison flips (== / !=, < / <=, > / >=, is / is not, in / not in), arithmetic and bitwise
 operator swaps, and / or, a dropped `not` or unary minus, integer and float constants + 1, booleans
@@ -11,7 +11,8 @@ flipped, and a call or augmented assignment statement replaced by `pass`. Each m
 a copy of the repository (the module re-rendered with `ast.unparse`), the tests mapped to its file run
 with `-x` there, and the mutant counts as killed when they fail or time out. The unmutated module,
 re-rendered the same way, must pass first. Session fixtures are cached across the runs
-(`EYAS_TEST_CACHE_DIR`), built once from the unmutated code.
+(`EYAS_TEST_CACHE_DIR`), built once from the unmutated code. With `--jobs N`, N copies run side by
+side, each with OMP_NUM_THREADS = cores / N.
 """
 
 import argparse
@@ -22,17 +23,19 @@ import os
 import shutil
 import subprocess
 import sys
+import queue
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
 SAMPLING_TESTS = ["tests/test_keyed_random.py", "tests/test_sampling.py", "tests/test_reproducible_sampling.py",
-                  "tests/test_spec_sampling.py"]
-SPEC_TESTS = ["tests/test_spec_contract.py", "tests/test_spec_lossless.py", "tests/test_reproducible_sampling.py",
-              "tests/test_engine_limits.py", "tests/test_spec_sampling.py", "tests/test_adaptive_lossless.py",
-              "tests/test_adaptive_scope.py"]
+                  "tests/test_spec_sampling.py", "tests/test_engine_limits.py"]
+SPEC_TESTS = ["tests/test_spec_bookkeeping.py", "tests/test_spec_contract.py", "tests/test_spec_lossless.py",
+              "tests/test_reproducible_sampling.py", "tests/test_engine_limits.py", "tests/test_adaptive_lossless.py",
+              "tests/test_adaptive_scope.py", "tests/test_spec_sampling.py", "tests/test_shipped.py"]
 ADAPTIVE_TESTS = ["tests/test_adaptive_policies.py", "tests/test_adaptive_lossless.py", "tests/test_adaptive_scope.py",
                   "tests/test_reproducible_sampling.py"]
 # file (or folder prefix) -> the tests that should catch its mutants, fastest first
@@ -44,7 +47,9 @@ TESTS_FOR = {
     "engine/speculative/": SPEC_TESTS,
 }
 DEFAULT_FILES = ["engine/sampling.py", "engine/keyed_random.py", "engine/stopping.py",
-                 *sorted(str(p.relative_to(REPO)) for p in (REPO / "engine/speculative").rglob("*.py")
+                 *sorted(str(p.relative_to(REPO)) for p in (REPO / "engine/speculative").glob("*.py")
+                         if p.name != "__init__.py"),
+                 *sorted(str(p.relative_to(REPO)) for p in (REPO / "engine/speculative/adaptive").glob("*.py")
                          if p.name != "__init__.py")]
 
 COMPARE_SWAPS = {ast.Eq: ast.NotEq, ast.NotEq: ast.Eq, ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE,
@@ -167,6 +172,9 @@ def main() -> None:
     p.add_argument("--list", action="store_true", help="list the mutants and exit")
     p.add_argument("--timeout", type=int, default=900, help="seconds per test run before the mutant counts as killed")
     p.add_argument("--json", type=Path, default=None, help="write every mutant's outcome here")
+    p.add_argument("--jobs", type=int, default=1, help="mutants tested side by side")
+    p.add_argument("--only", type=Path, default=None,
+                   help="a --json report: test again only the mutants that survived in it")
     args = p.parse_args()
 
     plan = []
@@ -174,6 +182,9 @@ def main() -> None:
         source = (REPO / path).read_text()
         for index in range(len(mutation_sites(ast.parse(source)))):
             plan.append((path, index))
+    if args.only:
+        survived = {(r["file"], r["index"]) for r in json.loads(args.only.read_text()) if r["status"] == "survived"}
+        plan = [item for item in plan if item in survived]
     print(f"{len(plan)} mutants in {len(args.files)} files", flush=True)
     if args.list:
         for path, index in plan:
@@ -182,34 +193,57 @@ def main() -> None:
         return
 
     results = []
+    jobs = max(1, args.jobs)
     with tempfile.TemporaryDirectory() as tmp:
-        work = copy_repo(Path(tmp) / "repo")
-        env = {**os.environ, "PYTHONPATH": str(work), "EYAS_TEST_CACHE_DIR": str(Path(tmp) / "fixtures"),
-               "PYTHONDONTWRITEBYTECODE": "1"}
-        for path in args.files:  # the re-rendered, unmutated modules must pass
-            original = (REPO / path).read_text()
-            (work / path).write_text(ast.unparse(ast.parse(original)))
-        baseline = run_tests(work, sorted({t for f in args.files for t in tests_for(f)}), args.timeout * 3, env)
+        env = {**os.environ, "EYAS_TEST_CACHE_DIR": str(Path(tmp) / "fixtures"), "PYTHONDONTWRITEBYTECODE": "1"}
+        works = [copy_repo(Path(tmp) / f"repo{j}") for j in range(jobs)]
+        for work in works:
+            for path in args.files:  # the re-rendered, unmutated modules must pass
+                (work / path).write_text(ast.unparse(ast.parse((REPO / path).read_text())))
+        baseline = run_tests(works[0], sorted({t for f in args.files for t in tests_for(f)}), args.timeout * 3,
+                             {**env, "PYTHONPATH": str(works[0])})
         if baseline != "passed":
             raise SystemExit(f"the unmutated code does not pass its tests ({baseline}): fix that first")
-        for n, (path, index) in enumerate(plan, 1):
-            original = (REPO / path).read_text()
-            source, line, before, after = mutant_source(original, index)
-            (work / path).write_text(source)
-            start = time.perf_counter()
-            outcome = run_tests(work, tests_for(path), args.timeout, env)
-            (work / path).write_text(ast.unparse(ast.parse(original)))
-            status = "survived" if outcome == "passed" else "killed"
-            results.append({"file": path, "line": line, "before": before, "after": after, "status": status,
-                            "outcome": outcome, "seconds": round(time.perf_counter() - start, 1)})
-            print(f"[{n}/{len(plan)}] {status:8s} {path}:{line}: {before!r} -> {after!r}", flush=True)
-            if args.json:
-                args.json.write_text(json.dumps(results, indent=1))
+        todo: queue.Queue = queue.Queue()
+        for item in plan:
+            todo.put(item)
+        lock = threading.Lock()
+        threads = str(max(1, (os.cpu_count() or 1) // jobs))
+
+        def worker(work: Path) -> None:
+            job_env = {**env, "PYTHONPATH": str(work), "OMP_NUM_THREADS": threads}
+            while True:
+                try:
+                    path, index = todo.get_nowait()
+                except queue.Empty:
+                    return
+                original = (REPO / path).read_text()
+                source, line, before, after = mutant_source(original, index)
+                (work / path).write_text(source)
+                start = time.perf_counter()
+                outcome = run_tests(work, tests_for(path), args.timeout, job_env)
+                (work / path).write_text(ast.unparse(ast.parse(original)))
+                status = "survived" if outcome == "passed" else "killed"
+                with lock:
+                    results.append({"file": path, "index": index, "line": line, "before": before, "after": after,
+                                    "status": status, "outcome": outcome,
+                                    "seconds": round(time.perf_counter() - start, 1)})
+                    print(f"[{len(results)}/{len(plan)}] {status:8s} {path}:{line}: {before!r} -> {after!r}",
+                          flush=True)
+                    if args.json:
+                        args.json.write_text(json.dumps(results, indent=1))
+
+        pool = [threading.Thread(target=worker, args=(work,)) for work in works]
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
     killed = sum(r["status"] == "killed" for r in results)
     print(f"\n{killed} of {len(results)} mutants killed, {len(results) - killed} survived")
     for path in args.files:
         rows = [r for r in results if r["file"] == path]
         print(f"  {path}: {sum(r['status'] == 'killed' for r in rows)}/{len(rows)} killed")
+    results.sort(key=lambda r: (args.files.index(r["file"]), r["index"]))
     for r in results:
         if r["status"] == "survived":
             print(f"  survived {r['file']}:{r['line']}: {r['before']!r} -> {r['after']!r}")

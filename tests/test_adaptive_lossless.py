@@ -1,6 +1,8 @@
 """Adaptive speculation is lossless: greedy output equals plain decoding while the step count changes
 under the running batch, and the shipped policies run end to end."""
 
+import time
+
 import pytest
 import torch
 from dependency_injector import providers
@@ -71,17 +73,19 @@ def test_shipped_policies_are_lossless(spec_pair, plain_outputs, policy):
     assert metrics["adaptive_switches"] >= 1
 
 
-def test_adaptive_sampling_runs_and_is_seeded(spec_pair):
+def test_adaptive_sampling_is_seeded_whatever_the_schedule(spec_pair):
+    """The throughput policy's step counts follow wall-clock timings, so two runs take different
+    schedules; seeded sampled tokens still equal plain decoding's, run after run."""
     target, heads = spec_pair
     overrides = [*spec_overrides(target, heads["eagle3"], "eagle3", 3), "adaptive=throughput", TIERS,
                  "adaptive.update_interval=2"]
     params = SamplingParams(max_new_tokens=24, temperature=1.0, seed=11, ignore_eos=True)
-    runs = []
+    plain = plain_token_ids(target, PROMPTS[:3], params)
     for _ in range(2):
         with build_engine(overrides) as eng:
-            runs.append([o.token_ids for o in eng.generate(PROMPTS[:3], params)])
+            assert [o.token_ids for o in eng.generate(PROMPTS[:3], params)] == plain
             assert eng.metrics()["adaptive_switches"] >= 1
-    assert runs[0] == runs[1] and all(len(t) == 24 for t in runs[0])
+    assert all(len(t) == 24 for t in plain)
 
 
 def test_held_draft_extend_equals_running_it_every_iteration(spec_pair):
@@ -115,3 +119,66 @@ def test_held_draft_extend_equals_running_it_every_iteration(spec_pair):
                             *[t.clone() for t in draft.buffers.load(torch.tensor([row]))]))
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def engine_with_policy(spec_pair, policy, *extra):
+    target, heads = spec_pair
+    config = compose_config([*spec_overrides(target, heads["eagle"], "eagle", 3), "adaptive=throughput", TIERS, *extra])
+    container = build_container(config)
+    container.make_policy.override(providers.Object(policy))
+    return container.engine()
+
+
+def test_zero_steps_holds_draft_work_per_row_and_a_new_request_starts_clean(spec_pair):
+    """At 0 steps no draft forward runs per iteration: the verified tokens wait, per request row, for
+    the next drafting iteration; a request admitted into a row never inherits what waited there."""
+    engine = engine_with_policy(spec_pair, lambda candidates, initial: CyclingPolicy([0], 0))
+    worker = engine.worker
+    calls = []
+    forward = worker.draft_worker.draft_runner.forward
+    worker.draft_worker.draft_runner.forward = lambda *a, **kw: calls.append(1) or forward(*a, **kw)
+    params = SamplingParams(max_new_tokens=9, ignore_eos=True)
+    for prompt in ("def add(a, b):", "import os"):  # the second request reuses the first one's row
+        out = engine.generate([prompt], params)[0]
+        rows, starts, tokens, features = worker.deferred.take([0])
+        # prefill extended the draft head up to the first output token; each verify since then emitted
+        # one token, held at the position after the prompt onwards
+        assert rows == [0] and starts == [len(out.prompt_token_ids)] and tokens == [out.token_ids[1:]]
+        assert features.shape[0] == len(out.token_ids) - 1
+    assert len(calls) == 2  # the two prefills' draft-extends only
+
+
+def test_throughput_policy_gets_every_phase_time(spec_pair):
+    seen = []
+
+    class Recording(CyclingPolicy):
+        def observe(self, num_steps, accepted_drafts, timings):
+            seen.append(dict(timings))
+            super().observe(num_steps, accepted_drafts, timings)
+
+    engine = engine_with_policy(spec_pair, lambda candidates, initial: Recording(candidates, initial))
+    start = time.perf_counter()
+    engine.generate(PROMPTS, PARAMS)
+    wall = time.perf_counter() - start
+    assert seen and all(set(t) == {"draft", "verify", "extend"} for t in seen)
+    assert all(0 <= v for t in seen for v in t.values())
+    assert sum(sum(t.values()) for t in seen) <= wall
+    assert all(t["verify"] > 0 for t in seen)
+
+
+def test_draft_kv_after_zero_step_cycles_equals_always_extending(spec_pair):
+    """Switching 0 <-> 3 steps every cycle leaves the draft KV of every committed position as running
+    3 steps throughout does: held work is replayed, all of it, at the right positions."""
+    pools = []
+    for order in ([0, 3], [3]):
+        engine = engine_with_policy(spec_pair, lambda candidates, initial: CyclingPolicy(order, order[0]))
+        out = engine.generate(["class Point:\n    def __init__(self, x, y):"], SamplingParams(max_new_tokens=40,
+                                                                                                ignore_eos=True))[0]
+        held = engine.worker.deferred.take([0])
+        covered = held[1][0] if held is not None else len(out.prompt_token_ids) + len(out.token_ids) - 1
+        pool = engine.worker.draft_worker.draft_runner.kv_pool  # one request from an empty pool: slot = position
+        pools.append((covered, pool.k[0].clone(), pool.v[0].clone()))
+    (covered, k_switching, v_switching), (_, k_always, v_always) = pools
+    assert covered > 20
+    torch.testing.assert_close(k_switching[:covered], k_always[:covered], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(v_switching[:covered], v_always[:covered], atol=1e-5, rtol=1e-5)

@@ -164,3 +164,80 @@ def test_controller_times_phases_only_for_policies_that_read_times():
 
     assert not AdaptiveController(tiers, lambda candidates, initial: ema(candidates, initial)).needs_timings
     assert AdaptiveController(tiers, throughput).needs_timings
+
+
+def test_acceptance_ignores_zero_step_cycles_and_expects_nothing_of_zero_steps():
+    fresh = AcceptanceModel(0.9)
+    assert fresh.expected_accepted(0) == 0.0 and fresh.expected_accepted(1) is None
+    with_zeros, without = AcceptanceModel(0.5), AcceptanceModel(0.5)
+    for m in (with_zeros, without):
+        m.observe(2, [2])
+    for _ in range(5):
+        with_zeros.observe(0, [0, 0])  # nothing drafted: nothing learnt, nothing forgotten
+    for m in (with_zeros, without):
+        m.observe(2, [0])
+    assert with_zeros.conditional_rates(2) == without.conditional_rates(2) == [1 / 3, 1 / 3]
+
+
+def test_ema_averages_accepted_drafts_over_the_batch():
+    p = ema(initial=3, warmup_batches=100, ema_alpha=1.0)
+    p.observe(3, [1, 2, 6], {})
+    assert p.ema == 3.0
+
+
+def test_ema_probes_up_from_zero_to_the_only_other_candidate_and_stays_at_a_lone_zero():
+    p = ema(candidates=(0, 2), initial=0, warmup_batches=0, update_interval=1)
+    p.observe(0, [0], {})
+    assert p.steps == 2
+    lone = ema(candidates=(0,), initial=0, warmup_batches=0, update_interval=1)
+    for _ in range(3):
+        lone.observe(0, [0], {})
+    assert lone.steps == 0
+
+
+@pytest.mark.parametrize("value,expected", [(2.7, 3), (2.8, 5)])
+def test_ema_up_threshold_is_current_minus_half_plus_hysteresis(value, expected):
+    p = ema(initial=3, warmup_batches=0, update_interval=1, ema_alpha=1.0, up_hysteresis=0.25)
+    p.observe(3, [value], {})  # up from 3 when ema > 3 - 0.5 + 0.25 = 2.75
+    assert p.steps == expected
+
+
+@pytest.mark.parametrize("best,expected_after_exploring", [
+    # a probe every second update: the neighbour above first, then the one below, in turn
+    (3, [3] * 3 + [5] * 3 + [3] * 3 + [1] * 3),
+    # at the lowest candidate there is nothing below: both probes go up
+    (1, [1] * 3 + [3] * 3 + [1] * 3 + [3] * 3),
+])
+def test_throughput_explores_one_candidate_per_interval_then_probes_its_neighbours(best, expected_after_exploring):
+    # every draft accepted; cycle times make `best` the fastest (0.5 tokens/s) and every other candidate
+    # 0.475, within the probe margin
+    seconds = {k: (1 + k) / (0.5 if k == best else 0.475) for k in (1, 3, 5)}
+    p = ThroughputPolicy((1, 3, 5), 3, AcceptanceModel(1.0), ema_alpha=1.0, update_interval=3, probe_interval=2)
+    seen = []
+    for _ in range(21):
+        seen.append(p.steps)
+        p.observe(p.steps, [p.steps], {"verify": seconds[p.steps]})
+    # explore: the initial candidate, then upwards, then the rest, one update interval each
+    assert seen == [3] * 3 + [5] * 3 + [1] * 3 + expected_after_exploring
+    assert p.best == best
+
+
+def test_throughput_scales_cycle_time_from_the_nearest_measured_batch_size():
+    p = ThroughputPolicy((3,), 3, AcceptanceModel(1.0), ema_alpha=1.0, update_interval=100, probe_interval=0)
+    p.observe(3, [3] * 2, {"verify": 1.0})
+    p.observe(3, [3] * 8, {"verify": 2.0})
+    assert p.cycle_seconds(3, 7) == pytest.approx(2.0 * 7 / 8)
+    assert p.cycle_seconds(3, 3) == pytest.approx(1.0 * 3 / 2)
+
+
+def test_throughput_ignores_cycles_timed_at_zero():
+    p = ThroughputPolicy((1, 3), 1, AcceptanceModel(1.0), ema_alpha=1.0, update_interval=100, probe_interval=0)
+    p.observe(1, [1], {"verify": 0.0})  # a clock too coarse for the cycle
+    assert p.estimated_rate(1) is None
+
+
+def test_tiers_are_immutable():
+    import dataclasses
+
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Tier(4, (0, 2), 2).initial = 0

@@ -73,3 +73,15 @@ def test_seeds_span_64_bits(gqa_checkpoint):
     for bad in (-1, 2**64, 1.5, True):
         with pytest.raises(ConfigError, match=r"seed must be an integer in \[0, 2\*\*64\)"):
             SamplingParams(seed=bad)
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_one_token_prompts_under_speculation(spec_pair, kind):
+    target, heads = spec_pair
+    prompts = [[0], [5], [0, 7, 9]]
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    with build_engine([*PLAIN, f"model.path={target}"]) as eng:
+        plain = [o.token_ids for o in eng.generate(prompt_token_ids=prompts, sampling=params)]
+    with build_engine(spec_overrides(target, heads[kind], kind, 3)) as eng:
+        spec = [o.token_ids for o in eng.generate(prompt_token_ids=prompts, sampling=params)]
+    assert spec == plain and all(len(t) == 12 for t in spec)

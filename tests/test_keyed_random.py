@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from engine import keyed_random
-from engine.sampling import Sampler, SamplingBatch
+from engine.sampling import Sampler, SamplingBatch, filtered_sorted
 from engine.sampling_params import SamplingParams
 from test_sampling import chi_square_p_value, reference_probs
 
@@ -132,3 +132,30 @@ def test_greedy_rows_take_the_argmax_beside_sampled_rows():
     batch = SamplingBatch.of(params, [keyed_random.seed_words(i) for i in range(3)], [0, 0, 0], "cpu")
     tokens = Sampler().sample(logits, batch)[:, 0]
     assert tokens[0] == logits[0].argmax() and tokens[2] == logits[2].argmax()
+
+
+def test_top_k_of_one_is_the_argmax_at_any_temperature():
+    logits = torch.randn(64, 30, generator=torch.Generator().manual_seed(4))
+    params = [SamplingParams(temperature=2.0, top_k=1, seed=i) for i in range(64)]
+    batch = SamplingBatch.of(params, [keyed_random.seed_words(i) for i in range(64)], list(range(64)), "cpu")
+    assert torch.equal(Sampler().sample(logits, batch)[:, 0], logits.argmax(dim=-1))
+
+
+def test_only_filtered_rows_are_ranked():
+    """Without top-k or top-p nothing is sorted; with top-k only the k best columns are ranked."""
+    logits = torch.randn(3, 500, generator=torch.Generator().manual_seed(5))
+    t, off_k, off_p = torch.ones(3), torch.zeros(3, dtype=torch.int64), torch.ones(3)
+    probs, columns = filtered_sorted(logits, t, off_k, off_p)
+    assert columns is None and probs.shape == (3, 500)
+    probs, columns = filtered_sorted(logits, t, torch.tensor([5, 7, 3]), off_p)
+    assert columns.shape == (3, 7) and torch.equal(columns[0, :5], logits[0].topk(5).indices)
+    assert (probs[0, 5:] == 0).all() and (probs[2, 3:] == 0).all()
+
+
+def test_top_p_covered_by_the_first_token_keeps_only_it():
+    logits = torch.zeros(12)
+    logits[4] = 3.0  # p = e^3 / (e^3 + 11) = 0.646
+    n = 300
+    params = [SamplingParams(temperature=1.0, top_p=0.6)] * n
+    batch = SamplingBatch.of(params, [keyed_random.seed_words(s) for s in range(n)], [0] * n, "cpu")
+    assert (Sampler().sample(logits.expand(n, -1), batch)[:, 0] == 4).all()

@@ -89,3 +89,19 @@ def test_unseeded_requests_follow_the_engine_seed(spec_pair):
     spec = spec_overrides(target, heads["eagle3"], "eagle3", 3)
     assert run(5, *spec) == run(5, *PLAIN, f"model.path={target}")
     assert run(5, *spec) != run(6, *spec)
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_coupled_drafts_are_accepted_far_more_often_than_greedy_ones(spec_pair, kind):
+    """At T = 1 the head's argmax is often not the target's draw; a draft drawn with the target's noise
+    for its own position is, at every depth (a draft step using another position's noise is not)."""
+    target, heads = spec_pair
+    params = [SamplingParams(max_new_tokens=40, temperature=1.0, seed=i, ignore_eos=True) for i in range(10)]
+    measured = {}
+    for mode in ("greedy", "sample"):
+        _, metrics = token_ids(spec_overrides(target, heads[kind], kind, 3, f"speculative.draft_sampling={mode}"),
+                               PROMPTS[:10], params)
+        measured[mode] = metrics["mean_accept_length"], metrics["accept_rate_per_position"]
+    (tau_greedy, greedy), (tau_sample, sample) = measured["greedy"], measured["sample"]
+    assert tau_sample > tau_greedy + 0.3
+    assert sample[1] > 0.2 and sample[1] > 2 * greedy[1]

@@ -55,3 +55,40 @@ def test_late_stop_strings_end_at_the_earliest_match(gqa_checkpoint):
         assert out.text == text[:first] and out.finish_reason == "stop"
         assert free.token_ids[:len(out.token_ids)] == out.token_ids
         assert eng.tokenizer.decode(out.token_ids[:-1]).find(late) < 0  # ended at the first token that shows it
+
+
+def test_stop_string_at_the_very_start_of_the_output(gqa_checkpoint):
+    with build_engine([*PLAIN, f"model.path={gqa_checkpoint}"]) as eng:
+        free = eng.generate(PROMPTS, SamplingParams(max_new_tokens=12, ignore_eos=True))
+        for out, prompt in zip(free, PROMPTS):
+            stop = out.text[:2]
+            if not stop:
+                continue
+            got = eng.generate([prompt], SamplingParams(max_new_tokens=12, ignore_eos=True, stop=[stop]))[0]
+            assert got.text == "" and got.finish_reason == "stop"
+            assert got.token_ids == out.token_ids[:len(got.token_ids)]
+
+
+def test_stop_strings_decode_only_a_tail_per_token(gqa_checkpoint, monkeypatch):
+    """Checking stop strings that never match costs a bounded decode per token, not the whole output."""
+    with build_engine([*PLAIN, f"model.path={gqa_checkpoint}"]) as eng:
+        decoded = []
+        decode = eng.tokenizer.decode
+
+        def recording_decode(ids, *args, **kwargs):
+            decoded.append(len(ids))
+            return decode(ids, *args, **kwargs)
+
+        monkeypatch.setattr(eng.tokenizer, "decode", recording_decode)
+        stops = ["\x00never", "\x01nor"]
+        out = eng.generate(PROMPTS[:1], SamplingParams(max_new_tokens=80, ignore_eos=True, stop=stops))[0]
+        assert out.finish_reason == "length" and len(out.token_ids) == 80
+        window = 2 * max(map(len, stops)) + 8
+        per_token = decoded[:-1]  # the last decode is the output text
+        assert len(per_token) == 80 and max(per_token) <= window
+
+
+def test_time_to_first_token_is_measured(gqa_checkpoint):
+    with build_engine([*PLAIN, f"model.path={gqa_checkpoint}"]) as eng:
+        out = eng.generate(PROMPTS[:2], SamplingParams(max_new_tokens=5, ignore_eos=True))[0]
+    assert 0 < out.stats["time_to_first_token_s"] <= out.stats["latency_s"]
