@@ -138,13 +138,13 @@ def test_zero_steps_holds_draft_work_per_row_and_a_new_request_starts_clean(spec
     forward = worker.draft_worker.draft_runner.forward
     worker.draft_worker.draft_runner.forward = lambda *a, **kw: calls.append(1) or forward(*a, **kw)
     params = SamplingParams(max_new_tokens=9, ignore_eos=True)
-    for prompt in ("def add(a, b):", "import os"):  # the second request reuses the first one's row
-        out = engine.generate([prompt], params)[0]
-        rows, starts, tokens, features = worker.deferred.take([0])
-        # prefill extended the draft head up to the first output token; each verify since then emitted
-        # one token, held at the position after the prompt onwards
-        assert rows == [0] and starts == [len(out.prompt_token_ids)] and tokens == [out.token_ids[1:]]
-        assert features.shape[0] == len(out.token_ids) - 1
+    engine.generate(["def add(a, b):"], params)  # leaves its held work in row 0
+    out = engine.generate(["import os"], params)[0]  # admitted into row 0 again
+    rows, starts, tokens, features = worker.deferred.take([0])
+    # prefill extended the draft head up to the first output token; each verify since then emitted one
+    # token, held from the position after the prompt onwards; nothing of the first request is left
+    assert rows == [0] and starts == [len(out.prompt_token_ids)] and tokens == [out.token_ids[1:]]
+    assert features.shape[0] == len(out.token_ids) - 1
     assert len(calls) == 2  # the two prefills' draft-extends only
 
 

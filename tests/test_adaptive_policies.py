@@ -204,21 +204,21 @@ def test_ema_up_threshold_is_current_minus_half_plus_hysteresis(value, expected)
 
 @pytest.mark.parametrize("best,expected_after_exploring", [
     # a probe every second update: the neighbour above first, then the one below, in turn
-    (3, [3] * 3 + [5] * 3 + [3] * 3 + [1] * 3),
+    (3, [3] * 4 + [5] * 4 + [3] * 4 + [1] * 4),
     # at the lowest candidate there is nothing below: both probes go up
-    (1, [1] * 3 + [3] * 3 + [1] * 3 + [3] * 3),
+    (1, [1] * 4 + [3] * 4 + [1] * 4 + [3] * 4),
 ])
 def test_throughput_explores_one_candidate_per_interval_then_probes_its_neighbours(best, expected_after_exploring):
     # every draft accepted; cycle times make `best` the fastest (0.5 tokens/s) and every other candidate
     # 0.475, within the probe margin
     seconds = {k: (1 + k) / (0.5 if k == best else 0.475) for k in (1, 3, 5)}
-    p = ThroughputPolicy((1, 3, 5), 3, AcceptanceModel(1.0), ema_alpha=1.0, update_interval=3, probe_interval=2)
+    p = ThroughputPolicy((1, 3, 5), 3, AcceptanceModel(1.0), ema_alpha=1.0, update_interval=4, probe_interval=2)
     seen = []
-    for _ in range(21):
+    for _ in range(28):
         seen.append(p.steps)
         p.observe(p.steps, [p.steps], {"verify": seconds[p.steps]})
     # explore: the initial candidate, then upwards, then the rest, one update interval each
-    assert seen == [3] * 3 + [5] * 3 + [1] * 3 + expected_after_exploring
+    assert seen == [3] * 4 + [5] * 4 + [1] * 4 + expected_after_exploring
     assert p.best == best
 
 

@@ -97,3 +97,20 @@ def test_no_kv_leak_after_500_random_requests(spec_pair):
         assert kv.all_free() and kv.allocator.num_free_pages == kv.allocator.num_pages
         assert (kv.table.table == -1).all()
         assert eng.metrics()["mean_accept_length"] > 1.2
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_prefill_fills_the_draft_kv_of_exactly_the_prompt_positions(spec_pair, kind):
+    """The draft head pairs prompt token p + 1 (the first output after the last) with the target feature
+    of position p, at position p: its KV covers positions 0 .. len(prompt) - 1, nothing after."""
+    from engine.request import Request
+
+    target, heads = spec_pair
+    with build_engine(spec_overrides(target, heads[kind], kind, 3, "cache.page_size=1")) as eng:
+        request = Request(0, [0, 5, 9, 14, 3, 8], SamplingParams(max_new_tokens=4))
+        eng.scheduler.add(request)
+        (req,) = eng.scheduler.schedule()
+        eng.worker.prefill([req])
+        slots = eng.worker.req_to_token[req.row, :len(request.prompt_ids) + 2]
+        written = eng.worker.draft_worker.draft_runner.kv_pool.k[0][slots].abs().sum(dim=(1, 2)) > 0
+    assert written.tolist() == [True] * len(request.prompt_ids) + [False, False]
