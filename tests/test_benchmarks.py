@@ -35,3 +35,18 @@ def test_bench_spec_prints_phase_floors(tmp_path):
     for phase in ("verify", "draft", "extend"):
         assert math.isfinite(row[f"floor_{phase}"]) and row[f"floor_{phase}"] > 0, (phase, row)
     assert math.isfinite(result["floor_decode"]) and result["floor_decode"] > 0
+
+
+def test_check_reproducible_reports_every_config_identical():
+    out = run_script("check_reproducible.py", "--batch-size", "3", "--max-new-tokens", "8")
+    for name in ("plain", "default", "num_steps=5", "adaptive=throughput", "adaptive=ema"):
+        assert any(line.startswith(name) and "identical to plain: 3/3" in line for line in out.splitlines()), out
+    assert "3 distinct outputs among 3 requests" in out
+
+
+def test_mutation_run_lists_its_mutants():
+    out = run_script("mutation_run.py", "engine/speculative/verify.py", "--list")
+    lines = out.splitlines()
+    assert lines[0].endswith("mutants in 1 files") and int(lines[0].split()[0]) == len(lines) - 1 > 0
+    assert any("'matches.cumprod(dim=1).sum(dim=1) + 1' -> 'matches.cumprod(dim=1).sum(dim=1) - 1'" in line
+               for line in lines), out
