@@ -36,7 +36,20 @@ def eos_token_ids(model, tokenizer: Tokenizer | None) -> tuple[int, ...]:
 
 
 def max_context_len(configured: int | None, model) -> int:
-    return configured or model.config.max_position_embeddings
+    """The longest sequence the engine serves. Every layer attends over the whole sequence, which is
+    exact for a sliding-window model only while sequences fit in its window: by default the context
+    stops there, and a longer one set by hand is refused."""
+    config = model.config
+    window = config.sliding_window
+    if configured is None:
+        return config.max_position_embeddings if window is None else min(window, config.max_position_embeddings)
+    if window is not None and configured > window:
+        raise ConfigError(
+            f"cache.max_context_len = {configured} exceeds the model's sliding_window ({window} in config.json of "
+            f"{config.architecture}): eyas attends over the whole sequence, which equals sliding-window attention "
+            f"only within the window; allowed: 2..{window}, or null for {min(window, config.max_position_embeddings)}"
+        )
+    return configured
 
 
 def num_pages(max_total_tokens: int, page_size: int) -> int:

@@ -4,7 +4,7 @@ from dependency_injector import containers, providers
 
 from containers import factories
 from containers.scope import BuildTrackingSingleton as Singleton
-from engine.models.loader import load_llama
+from engine.models.loader import load_model
 
 
 class ModelContainer(containers.DeclarativeContainer):
@@ -12,7 +12,7 @@ class ModelContainer(containers.DeclarativeContainer):
 
     device = Singleton(factories.resolve_device, config.device, config.num_threads)
     target_model = Singleton(
-        load_llama, path=config.model.path, dtype=providers.Callable(factories.model_dtype, config.model.dtype),
+        load_model, path=config.model.path, dtype=providers.Callable(factories.model_dtype, config.model.dtype),
         device=device, weight_layout=config.model.weight_layout,
     )
     tokenizer = Singleton(factories.load_tokenizer, config.model.path)

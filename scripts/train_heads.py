@@ -8,6 +8,7 @@ cross-entropy to the target's distribution over the draft vocabulary, step losse
 Resumable; writes `work_dir/report.json` with top-1 agreement at draft depths 1..eval_depths.
 """
 
+import dataclasses
 import json
 
 import hydra
@@ -16,10 +17,9 @@ from omegaconf import DictConfig, OmegaConf
 from torch.nn import functional as F
 
 from engine.attention.dense import dense_batch, dense_positions
-from engine.models.config import LlamaConfig
 from engine.models.eagle import EagleDraftModel
 from engine.models.eagle3 import Eagle3DraftModel
-from engine.models.loader import load_llama
+from engine.models.loader import load_model
 from training.data import fixed_windows, random_windows, token_stream
 from training.export import save_hf_dir
 from training.loop import train
@@ -32,7 +32,9 @@ class Heads(torch.nn.Module):
     def __init__(self, target, draft_vocab_ids: torch.Tensor):
         super().__init__()
         cfg = target.config
-        head_cfg = LlamaConfig(**{**cfg.__dict__, "num_hidden_layers": 1})
+        # one plain Llama decoder layer whatever the target's family (the published head layouts)
+        head_cfg = dataclasses.replace(cfg, num_hidden_layers=1, architecture="LlamaForCausalLM", qkv_bias=False,
+                                       o_bias=False, mlp_bias=False, qk_norm=False, sliding_window=None)
         self.eagle = EagleDraftModel(head_cfg, fc_bias=True)
         self.eagle3 = Eagle3DraftModel(head_cfg, cfg.hidden_size, len(draft_vocab_ids))
         self.eagle3.d2t.copy_(draft_vocab_ids - torch.arange(len(draft_vocab_ids)))
@@ -133,7 +135,7 @@ def export(heads: Heads, target, cfg, ttt_report: dict):
 @hydra.main(config_path="conf", config_name="heads", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     corpus_dir, tok_dir, work_dir = prepare(cfg)
-    target = load_llama(resolve(cfg.target_dir), dtype="float32")
+    target = load_model(resolve(cfg.target_dir), dtype="float32")
     num_layers = target.config.num_hidden_layers
     target.aux_layer_ids = (2, num_layers // 2, num_layers - 3)
     cache_dir = resolve(cfg.work_dir) / "data"

@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.nn import functional as F
 
 from engine.attention.dense import dense_batch, dense_positions
-from engine.models.config import LlamaConfig
+from engine.models.config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
 from engine.tokenizer import Tokenizer
 from training.data import fixed_windows, random_windows, token_stream
@@ -25,9 +25,9 @@ from training.paths import resolve
 from training.setup import prepare
 
 
-def build_config(cfg: DictConfig, vocab_size: int, eos_id: int, bos_id: int) -> LlamaConfig:
+def build_config(cfg: DictConfig, vocab_size: int, eos_id: int, bos_id: int) -> ModelConfig:
     m = cfg.model
-    return LlamaConfig(
+    return ModelConfig(
         vocab_size=vocab_size, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
         num_hidden_layers=m.num_hidden_layers, num_attention_heads=m.num_attention_heads,
         num_key_value_heads=m.num_key_value_heads, head_dim=m.hidden_size // m.num_attention_heads,
@@ -59,7 +59,7 @@ def eval_loss(model, windows: torch.Tensor, batch_size: int = 16) -> float:
     return sum(losses) / len(losses)
 
 
-def hf_config(config: LlamaConfig) -> dict:
+def hf_config(config: ModelConfig) -> dict:
     return {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": config.vocab_size,
         "hidden_size": config.hidden_size, "intermediate_size": config.intermediate_size,

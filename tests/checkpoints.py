@@ -1,4 +1,4 @@
-"""Tiny random Hugging Face Llama checkpoints and tokenizers, written with `transformers` (the oracle)."""
+"""Tiny random Hugging Face checkpoints (Llama, Mistral, Qwen2, Qwen3) and tokenizers, written with `transformers` (the oracle)."""
 
 from pathlib import Path
 
@@ -27,31 +27,50 @@ def write_tokenizer(directory: Path, vocab_size: int) -> Tokenizer:
     return tok
 
 
-def write_llama(directory: Path, *, vocab_size=320, hidden_size=64, intermediate_size=128, num_layers=2,
-                num_heads=4, num_kv_heads=2, tie=False, rope_theta=10000.0, rope_scaling=None,
-                attention_bias=False, init_std=0.25, seed=0, max_position_embeddings=512,
-                with_tokenizer=True, dtype=torch.float32, max_shard_size=None, residual_scale=1.0) -> Path:
-    """Write a random LlamaForCausalLM with `transformers`; wide init keeps greedy output varied.
-    `residual_scale` < 1 shrinks what the layers add to the residual stream, so the next token
-    depends mostly on the current one (a draft head that reads only the token then agrees often)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+# family -> transformers (config class, model class) names; all take Llama's config fields
+FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "mistral": ("MistralConfig", "MistralForCausalLM"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+}
 
+
+def write_llama(directory: Path, *, family="llama", vocab_size=320, hidden_size=64, intermediate_size=128,
+                num_layers=2, num_heads=4, num_kv_heads=2, head_dim=None, tie=False, rope_theta=10000.0,
+                rope_scaling=None, attention_bias=False, init_std=0.25, seed=0, max_position_embeddings=512,
+                with_tokenizer=True, dtype=torch.float32, max_shard_size=None, residual_scale=1.0,
+                **family_fields) -> Path:
+    """Write a random decoder of `family` (a key of FAMILIES) with `transformers`; wide init keeps greedy
+    output varied. `residual_scale` < 1 shrinks what the layers add to the residual stream, so the next
+    token depends mostly on the current one (a draft head that reads only the token then agrees often).
+    `family_fields` go to the config as they are (`sliding_window`, `use_sliding_window`, ...)."""
+    import transformers
+
+    config_name, model_name = FAMILIES[family]
     directory.mkdir(parents=True, exist_ok=True)
     if with_tokenizer:
         write_tokenizer(directory, vocab_size)
-    config = LlamaConfig(
+    fields = dict(
         vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
         num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
         max_position_embeddings=max_position_embeddings, rope_theta=rope_theta, rope_scaling=rope_scaling,
-        tie_word_embeddings=tie, attention_bias=attention_bias, initializer_range=init_std,
-        bos_token_id=0, eos_token_id=1, pad_token_id=None,
+        tie_word_embeddings=tie, initializer_range=init_std, bos_token_id=0, eos_token_id=1, pad_token_id=None,
+        **family_fields,
     )
+    if family in ("llama", "qwen3"):
+        fields["attention_bias"] = attention_bias
+    if head_dim is not None:
+        fields["head_dim"] = head_dim
+    config = getattr(transformers, config_name)(**fields)
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).to(dtype)
+    model = getattr(transformers, model_name)(config).to(dtype)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith(("o_proj.weight", "down_proj.weight")):
                 p.mul_(residual_scale)
+            if name.endswith(("q_norm.weight", "k_norm.weight", ".bias")):  # transformers starts them at 1 / 0
+                p.normal_(1.0 if name.endswith("norm.weight") else 0.0, init_std)
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(directory, safe_serialization=True, **kwargs)
     return directory

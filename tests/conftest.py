@@ -32,6 +32,13 @@ CHECKPOINTS = {
     # layers add little to the residual stream: the next token depends mostly on the current one,
     # so heads trained for seconds agree with the target often (ragged acceptance)
     "bigram": dict(num_layers=4, num_heads=4, num_kv_heads=2, residual_scale=0.003, init_std=0.3, seed=3),
+    # the other families, each with what sets it apart: Qwen2's q/k/v biases and tied head, Qwen3's
+    # per-head q/k norms and a head_dim unrelated to hidden_size / heads, Mistral's sliding window
+    "qwen2": dict(family="qwen2", num_heads=4, num_kv_heads=2, tie=True, rope_theta=1000000.0, seed=4),
+    "qwen3": dict(family="qwen3", num_heads=4, num_kv_heads=2, head_dim=24, seed=5),
+    "mistral": dict(family="mistral", num_heads=4, num_kv_heads=1, head_dim=40, sliding_window=4096, seed=6),
+    "qwen3_bigram": dict(family="qwen3", num_layers=4, num_heads=4, num_kv_heads=2, head_dim=24,
+                         residual_scale=0.003, init_std=0.3, seed=7),
 }
 
 
@@ -76,6 +83,15 @@ def spec_pair(checkpoint, tmp_path_factory):
     seconds on the target's samples, so drafts are accepted at every depth (tau about 2.9 and 2.4 at k = 3)."""
     target = checkpoint("bigram")
     trained = fixture_dir(tmp_path_factory, "trained_heads",
+                          lambda path: train_heads(target, path / "eagle", path / "eagle3"))
+    return target, {"eagle": trained / "eagle", "eagle3": trained / "eagle3"}
+
+
+@pytest.fixture(scope="session")
+def qwen3_spec_pair(checkpoint, tmp_path_factory):
+    """`spec_pair` over a Qwen3 target: heads in the published (Llama-layer) layouts, trained alike."""
+    target = checkpoint("qwen3_bigram")
+    trained = fixture_dir(tmp_path_factory, "qwen3_trained_heads",
                           lambda path: train_heads(target, path / "eagle", path / "eagle3"))
     return target, {"eagle": trained / "eagle", "eagle3": trained / "eagle3"}
 

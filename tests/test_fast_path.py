@@ -10,9 +10,9 @@ from engine.attention.torch_native import TorchNativeBackend
 from engine.cache.allocator import PageAllocator
 from engine.cache.kv_pool import PagedKVPool
 from engine.forward_batch import ForwardBatch
-from engine.models.config import load_llama_config
+from engine.models.config import load_model_config
 from engine.models.fused_linear import FusedLinear, choose_layouts
-from engine.models.loader import load_llama
+from engine.models.loader import load_model
 from engine.models.rope import RotaryEmbedding
 from conftest import PLAIN
 from test_attention import naive_attention
@@ -55,7 +55,7 @@ def test_weight_layout_choices(gqa_checkpoint):
 
 @pytest.mark.parametrize("layout", ["transposed", "linear"])
 def test_loaded_model_keeps_checkpoint_tensors(gqa_checkpoint, layout):
-    model = load_llama(gqa_checkpoint, weight_layout=layout)
+    model = load_model(gqa_checkpoint, weight_layout=layout)
     tensors = load_file(gqa_checkpoint / "model.safetensors")
     state = model.state_dict()
     for name, tensor in tensors.items():
@@ -75,7 +75,7 @@ def test_greedy_output_same_in_every_layout(gqa_checkpoint, layout):
 
 
 def test_rope_tables_from_the_cache_equal_direct_ones(gqa_checkpoint):
-    rotary = RotaryEmbedding(load_llama_config(gqa_checkpoint))
+    rotary = RotaryEmbedding(load_model_config(gqa_checkpoint))
     for positions in (torch.tensor([0, 5, 63]), torch.tensor([64, 300, 7, 129])):  # the second grows the cache
         cached = rotary.tables(positions, torch.float32, int(positions.max()))
         direct = rotary.tables(positions, torch.float32)
@@ -150,7 +150,7 @@ def test_unpacked_model_trains(gqa_checkpoint):
     from engine.attention.dense import dense_batch, dense_positions
     from engine.models.llama import LlamaForCausalLM
 
-    model = LlamaForCausalLM(load_llama_config(gqa_checkpoint))
+    model = LlamaForCausalLM(load_model_config(gqa_checkpoint))
     ids = torch.randint(0, model.config.vocab_size, (2 * 9,))
     hidden, _ = model(ids, dense_positions(2, 9, "cpu"), dense_batch(2, 9))
     model.compute_logits(hidden).logsumexp(-1).mean().backward()

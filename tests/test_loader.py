@@ -9,7 +9,7 @@ from safetensors.torch import load_file, save_file
 
 from checkpoints import write_llama
 from engine import CheckpointError, ConfigError, SamplingParams, build_engine
-from engine.models.loader import load_llama
+from engine.models.loader import load_model
 from conftest import PLAIN
 
 
@@ -35,7 +35,7 @@ def test_sharded_checkpoint_equals_single(tmp_path):
     sharded = write_llama(tmp_path / "sharded", seed=5, max_shard_size="100KB")
     assert (sharded / "model.safetensors.index.json").is_file()
     assert not (sharded / "model.safetensors").exists()
-    a, b = load_llama(single), load_llama(sharded)
+    a, b = load_model(single), load_model(sharded)
     for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
         assert torch.equal(x, y), name
 
@@ -43,32 +43,32 @@ def test_sharded_checkpoint_equals_single(tmp_path):
 def test_dtype_comes_from_config(tmp_path):
     path = write_llama(tmp_path / "bf16", dtype=torch.bfloat16, with_tokenizer=False)
     edit_config(path, dtype="bfloat16", torch_dtype="bfloat16")
-    assert load_llama(path).lm_head.weight.dtype == torch.bfloat16
-    assert load_llama(path, dtype="float32").lm_head.weight.dtype == torch.float32
+    assert load_model(path).lm_head.weight.dtype == torch.bfloat16
+    assert load_model(path, dtype="float32").lm_head.weight.dtype == torch.float32
 
 
 def test_tied_head_shares_embedding(checkpoint):
-    model = load_llama(checkpoint("tied_llama3"))
+    model = load_model(checkpoint("tied_llama3"))
     assert model.lm_head.weight is model.model.embed_tokens.weight
 
 
 def test_missing_directory():
     with pytest.raises(CheckpointError, match="checkpoint directory not found"):
-        load_llama("/no/such/checkpoint")
+        load_model("/no/such/checkpoint")
 
 
 def test_missing_config(gqa_checkpoint, tmp_path):
     path = copy_checkpoint(gqa_checkpoint, tmp_path / "c")
     (path / "config.json").unlink()
     with pytest.raises(CheckpointError, match="missing file: .*config.json"):
-        load_llama(path)
+        load_model(path)
 
 
 def test_missing_weights(gqa_checkpoint, tmp_path):
     path = copy_checkpoint(gqa_checkpoint, tmp_path / "c")
     (path / "model.safetensors").unlink()
     with pytest.raises(CheckpointError, match="model.safetensors"):
-        load_llama(path)
+        load_model(path)
 
 
 def test_missing_shard(tmp_path):
@@ -76,21 +76,21 @@ def test_missing_shard(tmp_path):
     shard = json.loads((path / "model.safetensors.index.json").read_text())["weight_map"]["lm_head.weight"]
     (path / shard).unlink()
     with pytest.raises(CheckpointError, match="missing shard files"):
-        load_llama(path)
+        load_model(path)
 
 
 def test_unsupported_architecture(gqa_checkpoint, tmp_path):
     path = copy_checkpoint(gqa_checkpoint, tmp_path / "c")
     edit_config(path, architectures=["GPT2LMHeadModel"], model_type="gpt2")
     with pytest.raises(CheckpointError, match="unsupported architecture.*LlamaForCausalLM"):
-        load_llama(path)
+        load_model(path)
 
 
 def test_unsupported_rope_type(gqa_checkpoint, tmp_path):
     path = copy_checkpoint(gqa_checkpoint, tmp_path / "c")
     edit_config(path, rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0})
     with pytest.raises(CheckpointError, match="rope_type 'yarn'.*allowed"):
-        load_llama(path)
+        load_model(path)
 
 
 def test_wrong_shape_names_tensor(gqa_checkpoint, tmp_path):
@@ -98,21 +98,21 @@ def test_wrong_shape_names_tensor(gqa_checkpoint, tmp_path):
     name = "model.layers.1.mlp.up_proj.weight"
     edit_tensors(path, lambda t: t.__setitem__(name, t[name][:, :10].contiguous()))
     with pytest.raises(CheckpointError, match=f"'{name}' has shape"):
-        load_llama(path)
+        load_model(path)
 
 
 def test_missing_tensor_names_it(gqa_checkpoint, tmp_path):
     path = copy_checkpoint(gqa_checkpoint, tmp_path / "c")
     edit_tensors(path, lambda t: t.pop("model.layers.0.self_attn.k_proj.weight"))
     with pytest.raises(CheckpointError, match="missing tensors.*model.layers.0.self_attn.k_proj.weight"):
-        load_llama(path)
+        load_model(path)
 
 
 def test_untied_checkpoint_without_head(gqa_checkpoint, tmp_path):
     path = copy_checkpoint(gqa_checkpoint, tmp_path / "c")
     edit_tensors(path, lambda t: t.pop("lm_head.weight"))
     with pytest.raises(CheckpointError, match="lm_head.weight"):
-        load_llama(path)
+        load_model(path)
 
 
 def test_without_tokenizer_token_ids_work_and_text_fails_clearly(tmp_path):
@@ -127,9 +127,9 @@ def test_without_tokenizer_token_ids_work_and_text_fails_clearly(tmp_path):
 def test_eos_ids_from_generation_config(gqa_checkpoint, tmp_path):
     path = copy_checkpoint(gqa_checkpoint, tmp_path / "c")
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, 7]}))
-    from engine.models.config import load_llama_config
+    from engine.models.config import load_model_config
 
-    assert load_llama_config(path).eos_token_ids == (1, 7)
+    assert load_model_config(path).eos_token_ids == (1, 7)
 
 
 def test_published_head_layouts_load(spec_pair, tmp_path):
@@ -137,7 +137,7 @@ def test_published_head_layouts_load(spec_pair, tmp_path):
     from engine.models.draft_loader import load_draft
 
     target_dir, _ = spec_pair
-    target = load_llama(target_dir)
+    target = load_model(target_dir)
     eagle = load_draft(write_eagle_head(tmp_path / "e", target_dir, fmt="bin"), "eagle", target)
     assert eagle.fc.bias is not None and eagle.lm_head is target.lm_head and eagle.embed_tokens is target.model.embed_tokens
     eagle3 = load_draft(write_eagle3_head(tmp_path / "e3", target_dir, draft_vocab_size=100, fmt="safetensors",
@@ -170,3 +170,70 @@ def test_head_of_the_wrong_kind_fails(spec_pair):
     overrides = spec_overrides(target_dir, heads["eagle"], "eagle3", 2)
     with pytest.raises(CheckpointError, match="not an EAGLE-3 head"):
         build_engine(overrides)
+
+
+def truncate(file, keep: float = 0.5):
+    data = file.read_bytes()
+    file.write_bytes(data[:int(len(data) * keep)])
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.0001])
+def test_truncated_weights_name_the_file(gqa_checkpoint, tmp_path, keep):
+    path = copy_checkpoint(gqa_checkpoint, tmp_path / "c")
+    truncate(path / "model.safetensors", keep)
+    with pytest.raises(CheckpointError, match=r"cannot read .*c/model.safetensors: .*truncated"):
+        load_model(path)
+
+
+def test_truncated_shard_names_the_shard(tmp_path):
+    path = write_llama(tmp_path / "sharded", max_shard_size="100KB", with_tokenizer=False)
+    shard = sorted(path.glob("model-*.safetensors"))[-1]
+    truncate(shard)
+    with pytest.raises(CheckpointError, match=f"cannot read .*{shard.name}"):
+        load_model(path)
+
+
+def test_wrong_dtype_names_the_tensor(gqa_checkpoint, tmp_path):
+    path = copy_checkpoint(gqa_checkpoint, tmp_path / "c")
+    name = "model.layers.0.mlp.gate_proj.weight"
+    edit_tensors(path, lambda t: t.__setitem__(name, t[name].to(torch.int32)))
+    with pytest.raises(CheckpointError, match=f"'{name}' has dtype torch.int32, expected a floating-point dtype"):
+        load_model(path)
+
+
+def test_broken_engine_build_names_the_checkpoint(gqa_checkpoint, tmp_path):
+    path = copy_checkpoint(gqa_checkpoint, tmp_path / "c")
+    truncate(path / "model.safetensors")
+    with pytest.raises(CheckpointError, match="model.safetensors"):
+        build_engine([*PLAIN, f"model.path={path}"])
+
+
+@pytest.mark.parametrize("fmt", ["bin", "safetensors"])
+def test_truncated_head_names_the_file(spec_pair, tmp_path, fmt):
+    from checkpoints import write_eagle3_head
+    from engine.models.draft_loader import load_draft
+
+    target_dir, _ = spec_pair
+    head = write_eagle3_head(tmp_path / "e3", target_dir, fmt=fmt)
+    file = head / ("pytorch_model.bin" if fmt == "bin" else "model.safetensors")
+    truncate(file)
+    with pytest.raises(CheckpointError, match=f"cannot read .*{file.name}"):
+        load_draft(head, "eagle3", load_model(target_dir))
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda t: t.pop("midlayer.hidden_norm.weight"), r"missing tensors \['midlayer.hidden_norm.weight'\]"),
+    (lambda t: t.__setitem__("fc.weight", t["fc.weight"][:, :8].contiguous()), r"'fc.weight' has shape"),
+    (lambda t: t.__setitem__("d2t", t["d2t"].float()), r"'d2t' has dtype torch.float32 and shape \(100,\), expected an integer dtype"),
+    (lambda t: t.__setitem__("d2t", t["d2t"] + 1000), r"'d2t' maps draft ids to target ids outside \[0, 320\)"),
+    (lambda t: t.__setitem__("t2d", t["t2d"].long()), r"'t2d' has dtype torch.int64, expected a bool dtype"),
+])
+def test_broken_head_tensors_are_named(spec_pair, tmp_path, edit, match):
+    from checkpoints import write_eagle3_head
+    from engine.models.draft_loader import load_draft
+
+    target_dir, _ = spec_pair
+    head = write_eagle3_head(tmp_path / "e3", target_dir, fmt="safetensors", draft_vocab_size=100)
+    edit_tensors(head, edit)
+    with pytest.raises(CheckpointError, match=match):
+        load_draft(head, "eagle3", load_model(target_dir))

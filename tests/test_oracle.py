@@ -1,4 +1,7 @@
-"""Our greedy output equals Hugging Face transformers' greedy generate, token for token (float32)."""
+"""Our greedy output equals Hugging Face transformers' greedy generate, token for token (float32), for
+every supported family: Llama (GQA, tied llama3 RoPE, linear RoPE with biases), Qwen2, Qwen3, Mistral."""
+
+import json
 
 import pytest
 import torch
@@ -9,13 +12,16 @@ from conftest import PLAIN
 
 PROMPTS = ["def add(a, b):", "import os\nimport sys", "class Point:\n    def __init__(self, x, y):",
            "for", "The quick brown fox jumps over the lazy dog. The quick brown"]
-NEW_TOKENS = 24
+NEW_TOKENS = 40
+OTHER_FAMILIES = ["qwen2", "qwen3", "mistral"]
 
 
 def hf_model(path):
-    from transformers import LlamaForCausalLM
+    """transformers' model class of the checkpoint's architecture, loaded in float32."""
+    import transformers
 
-    model = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model_class = getattr(transformers, json.loads((path / "config.json").read_text())["architectures"][0])
+    model = model_class.from_pretrained(path, dtype=torch.float32).eval()
     model.generation_config.eos_token_id = None  # never stop early: compare full lengths
     return model
 
@@ -27,7 +33,7 @@ def hf_greedy(model, prompt_ids: list[int], n: int) -> list[int]:
     return out[0, len(prompt_ids):].tolist()
 
 
-@pytest.mark.parametrize("name", ["gqa", "tied_llama3"])
+@pytest.mark.parametrize("name", ["gqa", "tied_llama3", *OTHER_FAMILIES])
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_greedy_batch_equals_transformers(checkpoint, name, page_size):
     path = checkpoint(name)
@@ -37,13 +43,13 @@ def test_greedy_batch_equals_transformers(checkpoint, name, page_size):
     assert len(lengths) == len(PROMPTS), "prompts must have unequal lengths"
     model = hf_model(path)
     for out in outs:
-        assert len(set(out.token_ids)) > NEW_TOKENS // 3, "degenerate fixture: greedy output collapsed"
+        assert len(set(out.token_ids)) > NEW_TOKENS // 4, "degenerate fixture: greedy output collapsed"
         assert out.token_ids == hf_greedy(model, out.prompt_token_ids, NEW_TOKENS)
 
 
-@pytest.mark.parametrize("name", ["gqa", "tied_llama3", "linear_bias"])
+@pytest.mark.parametrize("name", ["gqa", "tied_llama3", "linear_bias", *OTHER_FAMILIES])
 def test_prefill_logits_equal_transformers(checkpoint, name):
-    """All-position logits of one extend forward, for every rope variant and attention bias."""
+    """All-position logits of one extend forward, for every rope variant, attention bias and family."""
     path = checkpoint(name)
     ids = [0, 17, 93, 5, 250, 41, 77, 8, 199, 3, 64]
     with build_engine([*PLAIN, f"model.path={path}"]) as eng:

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from train_heads import Heads, eagle3_unroll, eagle_loss, export, soft_ce, target_pass  # noqa: E402
 
 from engine import SamplingParams, build_engine  # noqa: E402
-from engine.models.loader import load_llama  # noqa: E402
+from engine.models.loader import load_model  # noqa: E402
 
 
 def sampled_windows(target_dir: Path, num: int, length: int, seed: int) -> torch.Tensor:
@@ -36,7 +36,7 @@ def train_heads(target_dir: Path, eagle_dir: Path, eagle3_dir: Path, *, steps: i
                 seed: int = 0) -> None:
     torch.manual_seed(seed)
     windows = sampled_windows(target_dir, 96, 48, seed)
-    target = load_llama(target_dir, dtype="float32")
+    target = load_model(target_dir, dtype="float32")
     num_layers = target.config.num_hidden_layers
     target.aux_layer_ids = (min(2, num_layers - 1), num_layers // 2, max(num_layers - 3, 0))
     counts = torch.bincount(windows.flatten(), minlength=target.config.vocab_size)

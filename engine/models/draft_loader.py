@@ -6,14 +6,15 @@ import torch
 from torch import nn
 
 from engine.errors import CheckpointError
-from engine.models.config import LlamaConfig, load_llama_config, read_json
+from engine.models.config import LLAMA, ModelConfig, load_model_config, read_json
 from engine.models.eagle import EagleDraftModel
 from engine.models.eagle3 import Eagle3DraftModel
 from engine.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 from engine.models.loader import assign_state, checkpoint_dir, pack_for_inference, read_tensors, resolve_dtype
 
-EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3",)
-EAGLE_ARCHITECTURES = ("LlamaForCausalLM", "EagleForCausalLM", "LlamaForCausalLMEagle")
+# heads are one Llama decoder layer whatever their target's family
+EAGLE3_ARCHITECTURES = {"LlamaForCausalLMEagle3": LLAMA}
+EAGLE_ARCHITECTURES = {"LlamaForCausalLM": LLAMA, "EagleForCausalLM": LLAMA, "LlamaForCausalLMEagle": LLAMA}
 DRAFT_KINDS = ("eagle", "eagle3")
 
 
@@ -21,11 +22,12 @@ def _check_fit(directory: Path, what: str, draft_value: int, target_value: int) 
     if draft_value != target_value:
         raise CheckpointError(
             f"{directory}: the draft head's {what} is {draft_value} but the target's is {target_value}: "
-            "this head was not trained for this target"
+            "this head was not trained for this target (set draft.path to a head trained for it, or decode "
+            "without one: speculative=none draft=none)"
         )
 
 
-def _build_eagle(directory: Path, raw: dict, config: LlamaConfig, tensors: dict, target: LlamaForCausalLM):
+def _build_eagle(directory: Path, raw: dict, config: ModelConfig, tensors: dict, target: LlamaForCausalLM):
     _check_fit(directory, "hidden_size", config.hidden_size, target.config.hidden_size)
     _check_fit(directory, "vocab_size", config.vocab_size, target.config.vocab_size)
     if "fc.weight" not in tensors:
@@ -37,7 +39,7 @@ def _build_eagle(directory: Path, raw: dict, config: LlamaConfig, tensors: dict,
     return model
 
 
-def _build_eagle3(directory: Path, raw: dict, config: LlamaConfig, tensors: dict, target: LlamaForCausalLM):
+def _build_eagle3(directory: Path, raw: dict, config: ModelConfig, tensors: dict, target: LlamaForCausalLM):
     target_hidden = raw.get("target_hidden_size") or config.hidden_size
     _check_fit(directory, "target_hidden_size", target_hidden, target.config.hidden_size)
     _check_fit(directory, "vocab_size", config.vocab_size, target.config.vocab_size)
@@ -49,17 +51,18 @@ def _build_eagle3(directory: Path, raw: dict, config: LlamaConfig, tensors: dict
     if aux is not None and (len(aux) != 3 or not all(0 <= i < target.config.num_hidden_layers for i in aux)):
         raise CheckpointError(f"{directory}: eagle_aux_hidden_state_layer_ids {aux} must be 3 target layer ids "
                               f"in [0, {target.config.num_hidden_layers})")
-    tensors.setdefault("d2t", torch.zeros(draft_vocab, dtype=torch.int64))
-    tensors.setdefault("t2d", torch.ones(config.vocab_size, dtype=torch.bool) if draft_vocab == config.vocab_size
-                       else _t2d_from(tensors["d2t"], config.vocab_size))
+    d2t = tensors.setdefault("d2t", torch.zeros(draft_vocab, dtype=torch.int64))
+    if d2t.is_floating_point() or d2t.dtype == torch.bool or d2t.shape != (draft_vocab,):
+        raise CheckpointError(f"{directory}: tensor 'd2t' has dtype {d2t.dtype} and shape {tuple(d2t.shape)}, "
+                              f"expected an integer dtype and shape ({draft_vocab},)")
+    target_ids = torch.arange(draft_vocab) + d2t
+    if draft_vocab and not 0 <= int(target_ids.min()) <= int(target_ids.max()) < config.vocab_size:
+        raise CheckpointError(f"{directory}: tensor 'd2t' maps draft ids to target ids outside [0, {config.vocab_size})")
+    if "t2d" not in tensors:
+        tensors["t2d"] = torch.zeros(config.vocab_size, dtype=torch.bool)
+        tensors["t2d"][target_ids] = True
     with torch.device("meta"):
         return Eagle3DraftModel(config, target_hidden, draft_vocab, tuple(aux) if aux is not None else None)
-
-
-def _t2d_from(d2t: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    t2d = torch.zeros(vocab_size, dtype=torch.bool)
-    t2d[torch.arange(len(d2t)) + d2t] = True
-    return t2d
 
 
 def load_draft(path: str | Path, kind: str, target: LlamaForCausalLM, dtype: str = "auto",
@@ -74,7 +77,7 @@ def load_draft(path: str | Path, kind: str, target: LlamaForCausalLM, dtype: str
     if is_eagle3 != (kind == "eagle3"):
         raise CheckpointError(f"{directory}: architectures {archs} is {'an EAGLE-3' if is_eagle3 else 'not an EAGLE-3'} "
                               f"head, but draft.kind is {kind!r}")
-    config = load_llama_config(directory, EAGLE3_ARCHITECTURES if is_eagle3 else EAGLE_ARCHITECTURES)
+    config = load_model_config(directory, EAGLE3_ARCHITECTURES if is_eagle3 else EAGLE_ARCHITECTURES)
     tensors = read_tensors(directory, allow_bin=True)
     build = _build_eagle3 if is_eagle3 else _build_eagle
     model = build(directory, raw, config, tensors, target)

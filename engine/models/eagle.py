@@ -8,7 +8,7 @@ predicts is the target's final, normed hidden state.
 import torch
 from torch import nn
 
-from engine.models.config import LlamaConfig
+from engine.models.config import ModelConfig
 from engine.models.fused_linear import FusedLinear
 from engine.models.llama import LlamaDecoderLayer, layer_shapes
 from engine.models.rope import RotaryEmbedding
@@ -17,7 +17,7 @@ from engine.models.rope import RotaryEmbedding
 class EagleDraftModel(nn.Module):
     kind = "eagle"
 
-    def __init__(self, config: LlamaConfig, fc_bias: bool):
+    def __init__(self, config: ModelConfig, fc_bias: bool):
         super().__init__()
         self.config = config
         self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=fc_bias)

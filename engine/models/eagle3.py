@@ -10,14 +10,14 @@ midlayer's output before `norm`.
 import torch
 from torch import nn
 
-from engine.models.config import LlamaConfig
+from engine.models.config import ModelConfig
 from engine.models.fused_linear import FusedLinear
 from engine.models.llama import LlamaAttention, LlamaMLP, RMSNorm, layer_shapes
 from engine.models.rope import RopeTables, RotaryEmbedding
 
 
 class Eagle3DecoderLayer(nn.Module):
-    def __init__(self, config: LlamaConfig):
+    def __init__(self, config: ModelConfig):
         super().__init__()
         self.self_attn = LlamaAttention(config, 0, input_size=2 * config.hidden_size)
         self.mlp = LlamaMLP(config)
@@ -38,7 +38,7 @@ class Eagle3DecoderLayer(nn.Module):
 class Eagle3DraftModel(nn.Module):
     kind = "eagle3"
 
-    def __init__(self, config: LlamaConfig, target_hidden_size: int, draft_vocab_size: int,
+    def __init__(self, config: ModelConfig, target_hidden_size: int, draft_vocab_size: int,
                  aux_layer_ids: tuple[int, ...] | None = None):
         super().__init__()
         self.config = config

@@ -1,4 +1,4 @@
-"""Llama-family target model over a packed token layout.
+"""Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) over a packed token layout.
 
 Every forward takes the new tokens of all requests flattened to one dimension (`[N]`); attention
 reads and writes the paged KV cache through the backend bound to the batch (`batch.attn_backend`).
@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from engine.models.config import LlamaConfig
+from engine.models.config import ModelConfig
 from engine.models.fused_linear import FusedLinear
 from engine.models.rope import RopeTables, RotaryEmbedding
 
@@ -23,7 +23,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self._constants: tuple[torch.Tensor, torch.Tensor] | None = None  # (hidden size, eps) as 0-dim tensors
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        """x / rms(x) over the last dim, back in x's dtype: the norm before its weight scales it."""
         # Hugging Face's LlamaRMSNorm: normalise in float32, cast back, then scale. The mean is sum / H,
         # which is how `mean` computes it (same bits); for a power-of-two H, eps + sum * (1 / H) is the
         # same number in one op (1 / H is exact). 0-dim tensor operands: Python scalars in these ops
@@ -39,7 +40,10 @@ class RMSNorm(nn.Module):
         else:
             variance = square_sum.div_(size).add_(eps)
         x = x * variance.rsqrt_()
-        return self.weight * (x if dtype == torch.float32 else x.to(dtype))
+        return x if dtype == torch.float32 else x.to(dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * self.normalize(x)
 
     def _constants_on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         if self._constants is None or self._constants[0].device != device:
@@ -49,31 +53,48 @@ class RMSNorm(nn.Module):
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: LlamaConfig, layer_id: int, input_size: int | None = None):
+    def __init__(self, config: ModelConfig, layer_id: int, input_size: int | None = None):
         super().__init__()
         self.layer_id = layer_id
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
-        bias = config.attention_bias
+        bias = config.qkv_bias
         h, x = config.hidden_size, input_size or config.hidden_size
         self.q_proj = nn.Linear(x, self.num_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(x, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(x, self.num_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=config.o_bias)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.qk_norm = config.qk_norm
+        self._qk_norm_weight: torch.Tensor | None = None  # [Hq + Hkv, D]: q_norm's rows, then k_norm's
         self.qkv = FusedLinear([self.q_proj, self.k_proj, self.v_proj])
         self.out = FusedLinear([self.o_proj])
 
     def pack(self, layouts: dict[str, str]) -> None:
         self.qkv.pack(layouts["qkv"])
         self.out.pack(layouts["o"])
+        if self.qk_norm:
+            self._qk_norm_weight = self._stacked_qk_norm_weight()
+
+    def _stacked_qk_norm_weight(self) -> torch.Tensor:
+        d = self.head_dim
+        return torch.cat((self.q_norm.weight.expand(self.num_heads, d), self.k_norm.weight.expand(self.num_kv_heads, d)))
+
+    def _norm_qk(self, qk: torch.Tensor) -> torch.Tensor:
+        # qk: [N, Hq + Hkv, D]; each head normalised on its own, q heads scaled by q_norm, k heads by k_norm
+        weight = self._qk_norm_weight if self._qk_norm_weight is not None else self._stacked_qk_norm_weight()
+        return weight * self.q_norm.normalize(qk)
 
     def forward(self, x, rope: RopeTables, batch, residual=None):
         # x: [N, in] -> residual + attention output, [N, H]
         n = x.shape[0]
         qk_width = (self.num_heads + self.num_kv_heads) * self.head_dim
         qkv = self.qkv(x)  # [N, (Hq + 2 Hkv) D]
-        qk = rope.apply(qkv[:, :qk_width].view(n, self.num_heads + self.num_kv_heads, self.head_dim))
+        qk = qkv[:, :qk_width].view(n, self.num_heads + self.num_kv_heads, self.head_dim)
+        qk = rope.apply(self._norm_qk(qk) if self.qk_norm else qk)
         q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
         v = qkv[:, qk_width:].view(n, self.num_kv_heads, self.head_dim)
         out = batch.attn_backend.forward(q, k, v, self.layer_id, batch)  # [N, Hq, D]
@@ -81,7 +102,7 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, config: LlamaConfig):
+    def __init__(self, config: ModelConfig):
         super().__init__()
         h, i, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
         self.gate_proj = nn.Linear(h, i, bias=bias)
@@ -100,7 +121,7 @@ class LlamaMLP(nn.Module):
         return self.down(F.silu(gate_up[:, :i]) * gate_up[:, i:], residual)
 
 
-def layer_shapes(config: LlamaConfig, input_size: int | None = None) -> dict[str, tuple[int, int]]:
+def layer_shapes(config: ModelConfig, input_size: int | None = None) -> dict[str, tuple[int, int]]:
     """(in_features, out_features) of a decoder layer's fused projections, by `pack` layout name."""
     h, i, d = config.hidden_size, config.intermediate_size, config.head_dim
     q, kv = config.num_attention_heads * d, config.num_key_value_heads * d
@@ -108,7 +129,7 @@ def layer_shapes(config: LlamaConfig, input_size: int | None = None) -> dict[str
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: LlamaConfig, layer_id: int, input_norm: bool = True):
+    def __init__(self, config: ModelConfig, layer_id: int, input_norm: bool = True):
         super().__init__()
         self.self_attn = LlamaAttention(config, layer_id)
         self.mlp = LlamaMLP(config)
@@ -126,7 +147,7 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: LlamaConfig):
+    def __init__(self, config: ModelConfig):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers))
@@ -146,7 +167,7 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, config: LlamaConfig):
+    def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
         self.model = LlamaModel(config)

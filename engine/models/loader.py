@@ -1,12 +1,12 @@
-"""Load a Hugging Face Llama directory: config.json, (sharded) safetensors, tokenizer.json."""
+"""Load a Hugging Face decoder directory (Llama, Mistral, Qwen2, Qwen3): config.json, (sharded) safetensors."""
 
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from engine.errors import CheckpointError
-from engine.models.config import DTYPES, LlamaConfig, load_llama_config, read_json
+from engine.models.config import DTYPES, ModelConfig, load_model_config, read_json
 from engine.models.fused_linear import choose_layouts
 from engine.models.llama import LlamaForCausalLM
 
@@ -51,8 +51,8 @@ def read_tensors(directory: Path, allow_bin: bool = False) -> dict[str, torch.Te
             with safe_open(str(file), framework="pt") as f:
                 for name in f.keys():
                     tensors[name] = f.get_tensor(name)
-        except (OSError, RuntimeError, ValueError) as e:
-            raise CheckpointError(f"cannot read {file}: {e}") from e
+        except (OSError, RuntimeError, ValueError, SafetensorError) as e:
+            raise CheckpointError(f"cannot read {file}: {e} (a truncated download, or not a safetensors file?)") from e
     return tensors
 
 
@@ -80,6 +80,9 @@ def assign_state(module: torch.nn.Module, tensors: dict, dtype: torch.dtype, dev
             raise CheckpointError(
                 f"{source}: tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(ref.shape)}"
             )
+        if tensor.is_floating_point() != ref.is_floating_point() or (tensor.dtype == torch.bool) != (ref.dtype == torch.bool):
+            kind = "a floating-point" if ref.is_floating_point() else ("a bool" if ref.dtype == torch.bool else "an integer")
+            raise CheckpointError(f"{source}: tensor {name!r} has dtype {tensor.dtype}, expected {kind} dtype")
         state[name] = tensor.to(device=device, dtype=dtype if tensor.is_floating_point() else tensor.dtype)
     module.load_state_dict(state, assign=True)
 
@@ -90,10 +93,10 @@ def pack_for_inference(model: torch.nn.Module, weight_layout: str, device: torch
     model.pack(choose_layouts(model.projection_shapes(), weight_layout, dtype, device))
 
 
-def load_llama(path: str | Path, dtype: str = "auto", device: str | torch.device = "cpu",
+def load_model(path: str | Path, dtype: str = "auto", device: str | torch.device = "cpu",
                weight_layout: str = "auto") -> LlamaForCausalLM:
     directory = checkpoint_dir(path)
-    config: LlamaConfig = load_llama_config(directory)
+    config: ModelConfig = load_model_config(directory)
     torch_dtype = resolve_dtype(dtype, config.torch_dtype)
     device = torch.device(device)
     tensors = read_tensors(directory)

@@ -5,10 +5,10 @@ import math
 import torch
 from torch import nn
 
-from engine.models.config import LlamaConfig
+from engine.models.config import ModelConfig
 
 
-def rope_inv_freq(config: LlamaConfig) -> torch.Tensor:
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
     dim = config.head_dim
     inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
     scaling = config.rope_scaling or {}
@@ -56,7 +56,7 @@ class RotaryEmbedding(nn.Module):
     arrive) and each forward looks its positions up: two index ops instead of computing them anew.
     Each entry is computed exactly as it would be for that position alone."""
 
-    def __init__(self, config: LlamaConfig):
+    def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
         self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
