@@ -10,6 +10,7 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 from rich.console import Console
 
@@ -73,7 +74,8 @@ def run(config: dict, output_dir: str | Path | None = None, console: Console | N
                 console.print(out.prompt, end="", markup=False, highlight=False, style="dim")
                 console.print(out.text, markup=False, highlight=False)
     console.print(summary_line(metrics), markup=False, highlight=False, soft_wrap=True)
-    result = {"config": config, "metrics": metrics, "outputs": [vars(o) for o in outputs]}
+    objective = metrics[config.get("objective", "tokens_per_s")]
+    result = {"config": config, "metrics": metrics, "objective": objective, "outputs": [vars(o) for o in outputs]}
     if output_dir is not None:
         path = Path(output_dir) / "outputs.json"
         path.write_text(json.dumps(result, indent=2, default=str))
@@ -86,23 +88,36 @@ register_resolvers()
 
 
 @hydra.main(config_path=config_dir(), config_name="config", version_base="1.3")
-def hydra_main(cfg: DictConfig) -> None:
+def hydra_main(cfg: DictConfig) -> float:
+    """One run; returns its objective metric, which a sweeper (hydra/sweeper=optuna) optimises. In a
+    multirun a run that fails writes its error to outputs.json (the report lists it) and raises: the
+    launcher records the failed job, the other jobs of its batch still run, and the sweeper decides
+    what follows (the basic sweeper stops after the batch; Optuna marks the trial failed and stops
+    beyond `hydra.sweeper.max_failure_rate`)."""
+    hydra_config = HydraConfig.get()
     try:
-        run(to_plain(cfg), HydraConfig.get().runtime.output_dir)
+        result = run(to_plain(cfg), hydra_config.runtime.output_dir)
     except EyasError as e:
         Console(stderr=True).print(f"error: {e}", markup=False, highlight=False)
-        sys.exit(2)
+        if hydra_config.mode != RunMode.MULTIRUN:
+            sys.exit(2)
+        failure = {"overrides": list(hydra_config.overrides.task), "error": str(e)}
+        (Path(hydra_config.runtime.output_dir) / "outputs.json").write_text(json.dumps(failure, indent=2))
+        raise
+    return result["objective"]
 
 
 FREE_TEXT_KEYS = ("prompt", "+prompt", "++prompt")
 
 
 def quote_free_text(argv: list[str]) -> list[str]:
-    """`prompt=def fib(n):` is free text, not Hydra grammar: quote it unless the user already did."""
+    """`prompt=def fib(n):` is free text, not Hydra grammar: quote it unless the user already did
+    (`prompt=null` stays null: no prompt)."""
     out = []
     for arg in argv:
         key, sep, value = arg.partition("=")
-        if sep and key in FREE_TEXT_KEYS and not (len(value) >= 2 and value[0] == value[-1] and value[0] in "'\""):
+        quoted = len(value) >= 2 and value[0] == value[-1] and value[0] in "'\""
+        if sep and key in FREE_TEXT_KEYS and not quoted and value != "null":  # prompt=null: no prompt
             escaped = re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, value).replace("'", "\\'")
             arg = f"{key}='{escaped}'"
         out.append(arg)

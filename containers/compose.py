@@ -23,10 +23,18 @@ def config_dir() -> str:
     return str(Path(__file__).resolve().parent.parent / "conf")
 
 
+def unless_set(other, default):
+    """`${unless_set:${prompts_file},"text"}`: the default while `other` is unset, else None."""
+    return default if other is None else None
+
+
 def register_resolvers() -> None:
-    """`${asset:target}` in a config names a model shipped inside the package."""
+    """`${asset:target}` in a config names a model shipped inside the package; `unless_set` gives a
+    default that another key replaces."""
     if not OmegaConf.has_resolver("asset"):
         OmegaConf.register_new_resolver("asset", asset_path)
+    if not OmegaConf.has_resolver("unless_set"):
+        OmegaConf.register_new_resolver("unless_set", unless_set)
 
 
 def to_plain(cfg: DictConfig) -> dict:

@@ -154,6 +154,7 @@ class Config:
     seed: int = 0
     prompt: Optional[str] = None
     prompts_file: Optional[str] = None  # one prompt per line, or JSONL with a "prompt" field
+    objective: str = "tokens_per_s"  # the metric a run returns to a sweeper
     print_outputs: bool = True
 
 

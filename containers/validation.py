@@ -5,6 +5,11 @@ from engine.sampling_params import SamplingParams
 from engine.speculative.adaptive.tiers import middle_candidate
 
 
+# metrics a run can return to a sweeper -> whether only speculative runs have it
+OBJECTIVES = {"tokens_per_s": False, "generated_tokens": False, "generate_time_s": False, "forward_steps": False,
+              "mean_accept_length": True, "draft_accept_rate": True}
+
+
 def _positive(config: dict, group: str, key: str, minimum: int = 1) -> None:
     value = config[group][key]
     if not isinstance(value, int) or value < minimum:
@@ -55,7 +60,14 @@ def validate_config(config: dict) -> dict:
         raise ConfigError(f"draft.path is required for draft.kind={config['draft']['kind']!r}")
 
     if config.get("prompt") is not None and config.get("prompts_file") is not None:
-        raise ConfigError("set at most one of `prompt` and `prompts_file`")
+        raise ConfigError("set at most one of `prompt` and `prompts_file` (prompts_file alone replaces the default prompt)")
+    objective = config.get("objective", "tokens_per_s")
+    if objective not in OBJECTIVES:
+        raise ConfigError(f"objective {objective!r} is not a metric a run returns; allowed: {list(OBJECTIVES)}")
+    if OBJECTIVES[objective] and spec["algorithm"] == "none":
+        allowed = [name for name, speculative in OBJECTIVES.items() if not speculative]
+        raise ConfigError(f"objective {objective!r} needs speculative decoding, but speculative.algorithm is 'none'; "
+                          f"allowed without it: {allowed}")
     if not isinstance(config["seed"], int) or config["seed"] < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {config['seed']!r}")
     config["notices"] = [*config.get("notices", []), *notices]  # validating again adds none: num_steps is fixed

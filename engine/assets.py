@@ -5,14 +5,16 @@ from pathlib import Path
 from engine.errors import ConfigError
 
 ASSETS_DIR = Path(__file__).resolve().parent / "assets"
-SHIPPED = ("target", "eagle", "eagle3", "draft_lm")
+# name -> path under assets/
+SHIPPED = {"target": "target", "eagle": "eagle", "eagle3": "eagle3", "draft_lm": "draft_lm", "prompts": "prompts.txt"}
 
 
 def asset_path(name: str) -> str:
-    """Directory of a shipped model: target (the code LM), eagle, eagle3 (its heads), draft_lm."""
+    """Path of a shipped asset: target (the code LM), eagle, eagle3 (its heads), draft_lm (directories);
+    prompts (a file of code prompts, one per line, that the tuning experiment runs by default)."""
     if name not in SHIPPED:
-        raise ConfigError(f"unknown shipped model {name!r}; allowed: {list(SHIPPED)}")
-    return str(ASSETS_DIR / name)
+        raise ConfigError(f"unknown shipped asset {name!r}; allowed: {list(SHIPPED)}")
+    return str(ASSETS_DIR / SHIPPED[name])
 
 
 def heldout_files() -> list[str]:

@@ -38,6 +38,7 @@ from heldout import heldout_prompts  # noqa: E402
 
 from engine import build_engine  # noqa: E402
 from engine.assets import asset_path  # noqa: E402
+from engine.report.figures import pyplot, save  # noqa: E402
 from engine.tokenizer import Tokenizer  # noqa: E402
 
 SYSTEMS = {"ct2": "ct2 plain", "hf": "transformers plain", "hf_lookup": "transformers prompt lookup",
@@ -196,10 +197,7 @@ def print_tables(rows: list[dict], base: str) -> None:
 
 
 def plot(rows: list[dict], base: str, path: Path) -> None:
-    matplotlib = optional("matplotlib")
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     batches, systems = list(dict.fromkeys(r["batch"] for r in rows)), list(dict.fromkeys(r["system"] for r in rows))
     width = 0.8 / len(systems)
     fig, (ax_tps, ax_ratio) = plt.subplots(1, 2, figsize=(13, 4.8))
@@ -225,8 +223,7 @@ def plot(rows: list[dict], base: str, path: Path) -> None:
     ax_ratio.axhline(1.0, color="black", linewidth=0.8)
     fig.legend(loc="lower center", ncol=len(systems), fontsize=8, frameon=False)
     fig.suptitle("greedy decoding, float32, CPU: measured in one run on one machine", fontsize=10)
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
-    fig.savefig(path, dpi=120)
+    save(fig, path, rect=(0, 0.08, 1, 1))
 
 
 def main() -> None:

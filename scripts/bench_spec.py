@@ -32,6 +32,7 @@ from heldout import heldout_prompts  # noqa: E402
 
 from engine import SamplingParams, build_engine  # noqa: E402
 from engine.models.fused_linear import FusedLinear  # noqa: E402
+from engine.report.figures import pyplot, save  # noqa: E402
 
 
 class GemmRecorder:
@@ -198,6 +199,7 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
+    p.add_argument("--plot", type=Path, default=None, help="also chart them here (PNG; needs matplotlib)")
     p.add_argument("override", nargs="*", help="extra config overrides, e.g. model.path=/ckpt")
     args = p.parse_args()
     if args.threads:
@@ -233,6 +235,38 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps({"plain_tokens_per_s": plain_tps, "t_decode": t_decode,
                                          "floor_decode": floor_decode, "rows": rows}, indent=2))
+    if args.plot:
+        plot(args, rows, args.plot)
+        print(f"wrote {args.plot}")
+
+
+def plot(args, rows: list[dict], path: Path) -> None:
+    """Speedup (measured and ideal) and tau against k, and acceptance by position for each k."""
+    plt = pyplot()
+    ks = [r["k"] for r in rows]
+    fig, (ax_speed, ax_tau, ax_accept) = plt.subplots(1, 3, figsize=(15, 4))
+    ax_speed.plot(ks, [r["speedup"] for r in rows], marker="o", label="measured")
+    ax_speed.plot(ks, [r["ideal_speedup"] for r in rows], marker="o", linestyle="--", label="ideal")
+    ax_speed.axhline(1.0, color="black", linewidth=0.8)
+    ax_speed.set_title("speedup over plain decoding")
+    ax_speed.legend(fontsize=8)
+    ax_tau.plot(ks, [r["tau"] for r in rows], marker="o")
+    ax_tau.set_title("tau (tokens per verify cycle)")
+    for i, r in enumerate(rows):
+        ax_accept.plot(range(1, len(r["accept_per_position"]) + 1), r["accept_per_position"], marker="o",
+                       color=f"C{i % 10}", label=f"k={r['k']}")
+    ax_accept.set_title("acceptance by position")
+    ax_accept.set_xticks(range(1, max(ks) + 1))
+    ax_accept.set_ylim(0, 1.02)
+    ax_accept.legend(fontsize=8)
+    for ax in (ax_speed, ax_tau):
+        ax.set_xlabel("k (draft steps)")
+        ax.set_xticks(ks)
+    for ax in (ax_speed, ax_tau, ax_accept):
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"{args.kind}, T={args.temperature}, batch {args.batch_size}, {args.max_new_tokens} new tokens: "
+                 "measured in one run on one machine", fontsize=10)
+    save(fig, path)
 
 
 if __name__ == "__main__":

@@ -23,12 +23,14 @@ def test_bench_peers_eyas_rows(tmp_path):
     assert {(r["batch"], r["system"]) for r in rows} == {(b, s) for b in (1, 2) for s in ("eyas plain", "eyas default")}
     # greedy speculative output equals plain decoding, row for row
     assert all(r["equal"].startswith(("reference", "4/4 rows identical", "2/2 rows identical")) for r in rows), rows
+    assert (tmp_path / "bench_peers.png").stat().st_size > 5000
 
 
 def test_bench_spec_prints_phase_floors(tmp_path):
     out = run_script("bench_spec.py", "--ks", "2", "--num-prompts", "2", "--max-new-tokens", "8",
-                     "--json", str(tmp_path / "spec.json"))
+                     "--json", str(tmp_path / "spec.json"), "--plot", str(tmp_path / "spec.png"))
     assert "floors (GEMMs of the phase alone" in out
+    assert (tmp_path / "spec.png").stat().st_size > 5000
     result = json.loads((tmp_path / "spec.json").read_text())
     row = result["rows"][0]
     # every phase recorded GEMMs to replay (no values compared: times belong to the printed table)

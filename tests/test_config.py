@@ -90,7 +90,7 @@ INVALID = [
     (["speculative.num_draft_tokens=4"], "speculative.num_draft_tokens"),
     (["speculative.attention_mode=sideways"], "speculative.attention_mode"),
     (["adaptive.policy=magic"], "adaptive.policy"),
-    (["prompts_file=/tmp/x.txt"], "prompts_file"),
+    (["prompt=hi", "prompts_file=/tmp/x.txt"], "prompts_file"),
     (["seed=-1"], "seed"),
     (["attention=flash"], "attention"),
 ]
