@@ -92,8 +92,8 @@ def test_matches_reference(dtype, head_dim, group, num_kv_heads, page_size, seq_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype,head_dim,group,page_size,num_kv_splits", itertools.product(
-    [torch.float32, torch.float16], [64, 80, 128], [1, 2, 4], [1, 16], [1, 5, 32]), ids=param_id)
+@pytest.mark.parametrize("dtype,head_dim,group,page_size,num_kv_splits", list(itertools.product(
+    [torch.float32, torch.float16], [64, 80, 128], [1, 2, 4], [1, 16], [1, 5, 32])), ids=param_id)
 def test_sweep(dtype, head_dim, group, page_size, num_kv_splits):
     run_case(dtype, head_dim, group, 2, page_size, [1, 2, 17, 64, 129, 300, 333], num_kv_splits, seed=head_dim + group)
 

@@ -54,8 +54,8 @@ def test_matches_reference(cache_dtype, input_dtype, head_dim, num_kv_heads, num
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cache_dtype,input_dtype,head_dim,num_kv_heads", itertools.product(
-    [torch.float32, torch.float16], [torch.float32, torch.float16], [64, 80, 128], [1, 2, 4, 5]), ids=param_id)
+@pytest.mark.parametrize("cache_dtype,input_dtype,head_dim,num_kv_heads", list(itertools.product(
+    [torch.float32, torch.float16], [torch.float32, torch.float16], [64, 80, 128], [1, 2, 4, 5])), ids=param_id)
 def test_sweep(cache_dtype, input_dtype, head_dim, num_kv_heads):
     run_case(cache_dtype, input_dtype, head_dim, num_kv_heads, 33, 9, seed=head_dim + num_kv_heads)
 
