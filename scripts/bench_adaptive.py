@@ -1,7 +1,7 @@
 """Adaptive speculation vs every fixed step count vs plain decoding, on a mixed workload.
 
     python scripts/bench_adaptive.py                        # shipped EAGLE-3, batch sizes 1, 4, 16
-    python scripts/bench_adaptive.py --batch-sizes 4 --rounds 2 --max-new-tokens 96
+    python scripts/bench_adaptive.py --batch-sizes 4 --rounds 2 --max-new-tokens 96 --plot adaptive.png
 
 The workload alternates predictable prompts (held-out standard-library code) with hard ones
 (English prose, `prompts/natural_language.txt`). For a batch size B (`cache.max_running_requests`),
@@ -32,6 +32,7 @@ from heldout import heldout_prompts  # noqa: E402
 
 from containers.compose import compose_config  # noqa: E402
 from engine import SamplingParams, build_engine  # noqa: E402
+from engine.report.figures import pyplot, save  # noqa: E402
 from engine.speculative.adaptive.tiers import build_tiers, tier_index  # noqa: E402
 
 NATURAL_LANGUAGE = Path(__file__).resolve().parent / "prompts" / "natural_language.txt"
@@ -62,6 +63,7 @@ class Contender:
         self.seconds = 0.0
         self.tokens = 0
         self.wave_speeds: list[float] = []
+        self.wave_ends: list[int] = []  # cycles of the adaptive controller at the end of each wave
 
     def run(self, wave: list[str], params: SamplingParams) -> None:
         start = time.perf_counter()
@@ -71,6 +73,14 @@ class Contender:
         self.seconds += seconds
         self.tokens += tokens
         self.wave_speeds.append(tokens / seconds)
+        controller = self.engine.worker.controller if hasattr(self.engine.worker, "controller") else None
+        if controller is not None:
+            self.wave_ends.append(sum(n for _, n in controller.history))
+
+    def choices(self) -> list[list[int]]:
+        """The adaptive controller's [steps, cycles] runs (warmup included), or [] for a fixed configuration."""
+        controller = self.engine.worker.controller if hasattr(self.engine.worker, "controller") else None
+        return [list(run) for run in controller.history] if controller is not None else []
 
     def row(self) -> dict:
         metrics, base = self.engine.metrics(), self.base
@@ -93,7 +103,8 @@ def configurations(args, batch_size: int) -> dict[str, list[str]]:
     spec = [f"speculative={args.kind}", f"draft={args.kind}"]
     configs = {"plain": ["speculative=none", "draft=none", *common]}
     for k in candidates_for(batch_size):
-        configs[f"k={k}"] = [*spec, f"speculative.num_steps={k}", f"speculative.num_draft_tokens={k + 1}", *common]
+        configs[f"k={k}"] = [*spec, "adaptive=off", f"speculative.num_steps={k}", f"speculative.num_draft_tokens={k + 1}",
+                             *common]
     for policy in ("ema", "throughput"):
         configs[policy] = [*spec, f"adaptive={policy}", *common]
     return configs
@@ -108,6 +119,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=1, help="run the whole workload this many times")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
+    p.add_argument("--plot", type=Path, default=None, help="also chart them here (PNG; needs matplotlib)")
     p.add_argument("override", nargs="*", help="extra config overrides, e.g. cache.page_size=1")
     args = p.parse_args()
     if args.threads:
@@ -147,11 +159,48 @@ def main() -> None:
             print(f"{c.name:>10} {r['tokens_per_s']:>7.1f} {r['vs_plain']:>7.2f}x {r['vs_best_fixed']:>8.2f}x "
                   f"{per_wave:>19} {tau:>5}  {chosen}", flush=True)
             c.engine.close()
+        for c in contenders:
+            rows[c.name].update(wave_speeds=c.wave_speeds, wave_ends=c.wave_ends, choices=c.choices())
         results[batch_size] = {"best_fixed": best_fixed_name, "rows": rows}
         del contenders
         gc.collect()
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
+    if args.plot:
+        plot(results, args.plot)
+        print(f"wrote {args.plot}")
+
+
+def plot(results: dict, path: Path) -> None:
+    """Per batch size: each configuration's tokens/s wave by wave (left), and the step counts the
+    adaptive policies chose, cycle by cycle, with the waves marked (right)."""
+    plt = pyplot()
+    fig, axes = plt.subplots(len(results), 2, figsize=(14, 3.6 * len(results)), squeeze=False)
+    for (batch_size, result), (ax_speed, ax_steps) in zip(results.items(), axes):
+        for i, (name, row) in enumerate(result["rows"].items()):
+            adaptive = bool(row["choices"])
+            ax_speed.plot(range(1, len(row["wave_speeds"]) + 1), row["wave_speeds"], marker="o" if adaptive else ".",
+                          linewidth=2.2 if adaptive else 0.9, color=f"C{i % 10}", label=name)
+            if adaptive:
+                runs = row["choices"]
+                ends = [0]
+                for _, n in runs:
+                    ends.append(ends[-1] + n)
+                ax_steps.step(ends, [runs[0][0]] + [k for k, _ in runs], where="pre", color=f"C{i % 10}",
+                              linewidth=0.8, label=name)
+                for end in row["wave_ends"]:
+                    ax_steps.axvline(end, color="grey", linewidth=0.4, alpha=0.5)
+        ax_speed.set_title(f"batch {batch_size}: tokens/s per wave (best fixed: {result['best_fixed']})", fontsize=9)
+        ax_speed.set_xlabel("wave")
+        ax_speed.legend(fontsize=7, ncol=2)
+        ax_speed.grid(alpha=0.3)
+        ax_steps.set_title(f"batch {batch_size}: steps chosen per cycle (grey: wave ends)", fontsize=9)
+        ax_steps.set_xlabel("cycle")
+        ax_steps.set_ylabel("steps")
+        ax_steps.legend(fontsize=7)
+    fig.suptitle("adaptive vs fixed step counts, code and prose alternating: measured in one run on one machine",
+                 fontsize=10)
+    save(fig, path)
 
 
 if __name__ == "__main__":

@@ -155,7 +155,7 @@ def plain(args, prompts, params):
 
 
 def speculative(args, prompts, params, k):
-    overrides = [f"speculative={args.kind}", f"draft={args.kind}", f"speculative.num_steps={k}",
+    overrides = [f"speculative={args.kind}", f"draft={args.kind}", "adaptive=off", f"speculative.num_steps={k}",
                  f"speculative.num_draft_tokens={k + 1}", *args.override]
     with build_engine(overrides) as eng, GemmRecorder() as gemms:
         timer = PhaseTimer(gemms)

@@ -103,5 +103,5 @@ def plain_token_ids(target, prompts, params) -> list[list[int]]:
 
 
 def spec_overrides(target, head, kind, num_steps, *extra):
-    return [f"model.path={target}", f"draft={kind}", f"draft.path={head}", f"speculative={kind}",
+    return [f"model.path={target}", f"draft={kind}", f"draft.path={head}", f"speculative={kind}", "adaptive=off",
             f"speculative.num_steps={num_steps}", f"speculative.num_draft_tokens={num_steps + 1}", *extra]

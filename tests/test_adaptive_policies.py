@@ -58,13 +58,56 @@ def test_ema_down_to_zero_uses_half_and_probes_up_from_zero():
     assert p.steps == 3
 
 
-def test_acceptance_model_conditional_rates_and_expectation():
-    m = AcceptanceModel(decay=1.0)
+def test_acceptance_profile_rates_and_expectation():
+    m = AcceptanceModel(decay=1.0, profile_decay=1.0)
     m.observe(3, [3, 1, 0, 2])  # position 1 reached 4x accepted 3x; 2: reached 3 accepted 2; 3: reached 2 accepted 1
-    assert m.conditional_rates(4) == [0.75, 2 / 3, 0.5, 0.5]  # deeper than measured: the deepest rate
+    assert m.profile_rates(4) == [0.75, 2 / 3, 0.5, 0.5]  # deeper than measured: the deepest rate
+    assert m.difficulty() == pytest.approx(1.0)  # the recent counts are the profile's
+    rates = m.conditional_rates(3)
+    assert rates == pytest.approx([0.75, 2 / 3, 0.5])  # shrinking a rate toward itself leaves it
     assert m.expected_accepted(3) == pytest.approx(0.75 + 0.75 * 2 / 3 + 0.75 * 2 / 3 * 0.5)
     assert m.expected_accepted(0) == 0.0
     assert AcceptanceModel(0.9).expected_accepted(2) is None
+
+
+def test_a_harder_text_lowers_depths_that_are_not_drafted():
+    m = AcceptanceModel(decay=0.7, profile_decay=0.999)
+    rng = random.Random(0)
+    for _ in range(200):  # easy text at 5 steps: two drafts always accepted, all five 60% of the time
+        m.observe(5, [5 if rng.random() < 0.6 else 2])
+    before = m.conditional_rates(5)
+    for _ in range(30):  # then hard text drafted at 1 step: position 1 accepted 1 time in 5
+        m.observe(1, [1, 0, 0, 0, 0])
+    after = m.conditional_rates(5)
+    assert m.difficulty() < 0.6
+    assert after[0] < 0.3 and all(a < 0.6 * b for a, b in zip(after[1:], before[1:]))  # depth 2-5 follow depth 1
+    for _ in range(30):  # easy again
+        m.observe(1, [1, 1, 1, 1])
+    assert m.conditional_rates(5)[1] > 0.8 * before[1]
+
+
+def test_cycle_cost_line_through_every_measured_step_count():
+    from engine.speculative.adaptive.cycle_cost import CycleCostModel
+
+    c = CycleCostModel(ema_alpha=1.0)
+    assert c.seconds(3, 1) is None
+    c.observe(1, 1, 5.0)
+    assert c.seconds(1, 1) == 5.0 and c.seconds(3, 1) is None  # one point: no line yet
+    c.observe(5, 1, 9.0)
+    assert c.seconds(3, 1) == pytest.approx(7.0) and c.seconds(7, 1) == pytest.approx(11.0)  # slope 1 / step
+    c.observe(5, 1, 10.0)  # the machine got slower: the latest level moves every k
+    assert c.seconds(5, 1) == pytest.approx(10.0) and c.seconds(1, 1) == pytest.approx(10.0 - 4 * 1.25)
+    c.observe(0, 1, 4.0)  # plain decoding has its own average
+    assert c.seconds(0, 1) == 4.0 and c.seconds(0, 4) == pytest.approx(16.0)  # scaled to a batch never measured
+
+
+def test_cycle_cost_clips_a_stall():
+    from engine.speculative.adaptive.cycle_cost import OUTLIER, CycleCostModel
+
+    c = CycleCostModel(ema_alpha=0.5)
+    c.observe(3, 1, 1.0)
+    c.observe(3, 1, 100.0)  # a stall of the machine, not a cost of k
+    assert c.seconds(3, 1) == pytest.approx(0.5 * OUTLIER + 0.5)
 
 
 def best_k(candidates, a, cost):
@@ -92,9 +135,23 @@ def test_throughput_finds_the_best_candidate_from_measurements(a, cost):
             accepted.append(n)
         p.observe(k, accepted, {"draft": cost(k) * 0.25, "verify": cost(k) * 0.75})
         seen.append(p.steps)
-    assert p.best == best_k(candidates, a, cost)
-    assert set(candidates) <= set(seen)  # explored everything
+    best = best_k(candidates, a, cost)
+    assert p.best == best
     assert seen[-100:].count(p.best) >= 70  # mostly at the best; probes are the rest
+    # every candidate was run, or estimated far below the best without running it
+    rate = {k: p.estimated_rate(k) for k in candidates}
+    assert all(k in seen or rate[k] < 0.9 * rate[best] for k in candidates)
+
+
+def test_throughput_does_not_explore_a_deep_step_count_estimated_far_worse():
+    p = ThroughputPolicy((1, 3, 5, 7), 3, AcceptanceModel(0.8), ema_alpha=0.5, update_interval=4, probe_interval=0)
+    seen = []
+    for _ in range(40):
+        seen.append(p.steps)
+        # half the first drafts accepted, none deeper; each draft step costs as much as the rest of the cycle
+        p.observe(p.steps, [0, 1] * 8, {"verify": 1.0 + p.steps})
+    assert seen[:8] == [3] * 4 + [1] * 4  # the initial and the one below give the cost line
+    assert 5 not in seen and 7 not in seen and p.best == 1
 
 
 def test_throughput_estimates_none_until_measured():
@@ -122,6 +179,7 @@ def test_controller_pads_batch_to_its_tier_and_counts_switches():
     c.observe(5, 1, [1, 0], {})
     assert c.policies[1].seen == [(1, [1, 0])] and not c.policies[0].seen
     assert c.stats() == {"adaptive_cycles_at_steps": {0: 1, 1: 2, 3: 3}, "adaptive_switches": 3}
+    assert c.history == [[3, 2], [1, 2], [0, 1], [3, 1]]  # the choices over time, as runs
     assert c.all_candidates == {0, 1, 3}
 
 
@@ -140,9 +198,11 @@ def test_throughput_does_not_probe_a_neighbour_estimated_far_worse():
 
 
 def test_acceptance_rates_are_non_increasing_with_depth():
-    m = AcceptanceModel(decay=1.0)
+    m = AcceptanceModel(decay=1.0, profile_decay=1.0)
     m.observe(3, [0, 0, 3, 3])  # a_1 = 0.5, then every reached position accepted (a_2 = a_3 = 1.0)
-    assert m.conditional_rates(3) == [0.5, 0.5, 0.5]
+    assert m.profile_rates(3) == [0.5, 0.5, 0.5]
+    rates = m.conditional_rates(3)
+    assert rates[0] == pytest.approx(0.5) and rates[1] <= rates[0] and rates[2] <= rates[1]
 
 
 def test_throughput_compares_costs_at_the_current_batch_size():
@@ -176,7 +236,8 @@ def test_acceptance_ignores_zero_step_cycles_and_expects_nothing_of_zero_steps()
         with_zeros.observe(0, [0, 0])  # nothing drafted: nothing learnt, nothing forgotten
     for m in (with_zeros, without):
         m.observe(2, [0])
-    assert with_zeros.conditional_rates(2) == without.conditional_rates(2) == [1 / 3, 1 / 3]
+    assert with_zeros.conditional_rates(2) == without.conditional_rates(2)
+    assert with_zeros.profile_rates(2) == without.profile_rates(2)
 
 
 def test_ema_averages_accepted_drafts_over_the_batch():
@@ -202,24 +263,33 @@ def test_ema_up_threshold_is_current_minus_half_plus_hysteresis(value, expected)
     assert p.steps == expected
 
 
-@pytest.mark.parametrize("best,expected_after_exploring", [
+# accepted-draft counts of 625 requests whose drafts are each accepted with probability 0.8 (a geometric
+# profile, exact): n accepted with probability 0.8^n * 0.2, all k with probability 0.8^k
+GEOMETRIC = {2: [0] * 125 + [1] * 100 + [2] * 400, 3: [0] * 125 + [1] * 100 + [2] * 80 + [3] * 320,
+             4: [0] * 125 + [1] * 100 + [2] * 80 + [3] * 64 + [4] * 256}
+
+
+@pytest.mark.parametrize("step_cost,best,expected_after_exploring", [
     # a probe every second update: the neighbour above first, then the one below, in turn
-    (3, [3] * 4 + [5] * 4 + [3] * 4 + [1] * 4),
+    (0.25, 3, [3] * 4 + [4] * 4 + [3] * 4 + [2] * 4),
     # at the lowest candidate there is nothing below: both probes go up
-    (1, [1] * 4 + [3] * 4 + [1] * 4 + [3] * 4),
+    (0.4, 2, [2] * 4 + [3] * 4 + [2] * 4 + [3] * 4),
 ])
-def test_throughput_explores_one_candidate_per_interval_then_probes_its_neighbours(best, expected_after_exploring):
-    # every draft accepted; cycle times make `best` the fastest (0.5 tokens/s) and every other candidate
-    # 0.475, within the probe margin
-    seconds = {k: (1 + k) / (0.5 if k == best else 0.475) for k in (1, 3, 5)}
-    p = ThroughputPolicy((1, 3, 5), 3, AcceptanceModel(1.0), ema_alpha=1.0, update_interval=4, probe_interval=2)
+def test_throughput_explores_one_candidate_per_interval_then_probes_its_neighbours(step_cost, best,
+                                                                                  expected_after_exploring):
+    # cycles cost 1 + step_cost * k; the estimated rates of the other candidates are within the probe margin
+    p = ThroughputPolicy((2, 3, 4), 3, AcceptanceModel(0.8), ema_alpha=0.5, update_interval=4, probe_interval=2)
     seen = []
     for _ in range(28):
         seen.append(p.steps)
-        p.observe(p.steps, [p.steps], {"verify": seconds[p.steps]})
-    # explore: the initial candidate, then upwards, then the rest, one update interval each
-    assert seen == [3] * 4 + [5] * 4 + [1] * 4 + expected_after_exploring
+        p.observe(p.steps, GEOMETRIC[p.steps], {"verify": 1 + step_cost * p.steps})
+    # explore: the initial candidate, then outwards (the one below first), one update interval each
+    assert seen == [3] * 4 + [2] * 4 + [4] * 4 + expected_after_exploring
     assert p.best == best
+    rates = {k: p.estimated_rate(k) for k in (2, 3, 4)}
+    assert all(rates[k] >= 0.9 * rates[best] for k in rates)
+    expected = {k: (1 + sum(0.8 ** i for i in range(1, k + 1))) / (1 + step_cost * k) for k in rates}
+    assert rates == pytest.approx(expected)
 
 
 def test_throughput_scales_cycle_time_from_the_nearest_measured_batch_size():

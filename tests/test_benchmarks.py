@@ -41,7 +41,7 @@ def test_bench_spec_prints_phase_floors(tmp_path):
 
 def test_check_reproducible_reports_every_config_identical():
     out = run_script("check_reproducible.py", "--batch-size", "3", "--max-new-tokens", "8")
-    for name in ("plain", "default", "num_steps=5", "adaptive=throughput", "adaptive=ema"):
+    for name in ("plain", "default", "num_steps=3", "num_steps=5", "adaptive=ema"):
         assert any(line.startswith(name) and "identical to plain: 3/3" in line for line in out.splitlines()), out
     assert "3 distinct outputs among 3 requests" in out
 
@@ -52,3 +52,14 @@ def test_mutation_run_lists_its_mutants():
     assert lines[0].endswith("mutants in 1 files") and int(lines[0].split()[0]) == len(lines) - 1 > 0
     assert any("'matches.cumprod(dim=1).sum(dim=1) + 1' -> 'matches.cumprod(dim=1).sum(dim=1) - 1'" in line
                for line in lines), out
+
+
+def test_bench_adaptive_charts_the_choices(tmp_path):
+    out = run_script("bench_adaptive.py", "--batch-sizes", "1", "--num-prompts", "2", "--max-new-tokens", "6",
+                     "--json", str(tmp_path / "adaptive.json"), "--plot", str(tmp_path / "adaptive.png"))
+    assert "throughput" in out
+    rows = json.loads((tmp_path / "adaptive.json").read_text())["1"]["rows"]
+    choices = rows["throughput"]["choices"]
+    assert choices and sum(n for _, n in choices) == rows["throughput"]["wave_ends"][-1]
+    assert not rows["k=3"]["choices"] and len(rows["k=3"]["wave_speeds"]) == len(rows["throughput"]["wave_ends"]) == 4
+    assert (tmp_path / "adaptive.png").stat().st_size > 5000

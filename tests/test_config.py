@@ -135,7 +135,7 @@ def test_initial_steps_not_a_candidate_start_at_the_middle_and_say_so():
     assert "speculative.num_steps=4 is not a candidate" in config["notices"][0]
     config = compose_config(["adaptive=ema", "speculative.num_steps=3"])
     assert config["speculative"]["num_steps"] == 3 and config["notices"] == []
-    assert compose_config(["speculative.num_steps=4"])["notices"] == []  # adaptive off: any step count
+    assert compose_config(["adaptive=off", "speculative.num_steps=4"])["notices"] == []  # adaptive off: any step count
 
 
 def test_enum_errors_list_allowed_values(gqa_checkpoint):

@@ -39,7 +39,7 @@ def plain_outputs():
 @pytest.mark.parametrize("num_steps", [1, 2, 3, 5])
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_shipped_pair_is_lossless_at_its_recorded_acceptance(plain_outputs, kind, num_steps, page_size):
-    overrides = [f"draft={kind}", f"speculative={kind}", f"speculative.num_steps={num_steps}",
+    overrides = [f"draft={kind}", f"speculative={kind}", "adaptive=off", f"speculative.num_steps={num_steps}",
                  f"cache.page_size={page_size}"]
     with build_engine(overrides) as eng:
         outs = eng.generate(PROMPTS, PARAMS)

@@ -82,10 +82,10 @@ def test_optuna_search_maximises_the_objective_and_prints_the_best_overrides(tmp
     best = max(runs, key=lambda r: r["objective"])
     assert results["best_value"] == pytest.approx(best["objective"])
     params = results["best_params"]
-    assert set(params) == {"speculative", "speculative.num_steps"}
+    assert set(params) == {"speculative", "adaptive", "speculative.num_steps"}
     assert params["speculative.num_steps"] == best["config"]["speculative"]["num_steps"]
     line = f"python -m engine objective={objective} {TINY} speculative={params['speculative']} " \
-           f"speculative.num_steps={params['speculative.num_steps']}"
+           f"adaptive={params['adaptive']} speculative.num_steps={params['speculative.num_steps']}"
     assert line in proc.stdout, proc.stdout[-2000:]
 
 

@@ -18,6 +18,7 @@ class AdaptiveController:
         self.policies = [make_policy(candidates=tier.candidates, initial=tier.initial) for tier in tiers]
         self.cycles_at_steps: Counter = Counter()
         self.num_switches = 0
+        self.history: list[list[int]] = []  # [steps, cycles] runs in order: the choices over time
         self._last: int | None = None
 
     @property
@@ -35,6 +36,10 @@ class AdaptiveController:
             self.num_switches += 1
         self._last = steps
         self.cycles_at_steps[steps] += 1
+        if self.history and self.history[-1][0] == steps:
+            self.history[-1][1] += 1
+        else:
+            self.history.append([steps, 1])
         return steps
 
     def observe(self, batch_size: int, num_steps: int, accepted_drafts: list[int], timings: dict) -> None:
