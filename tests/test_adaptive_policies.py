@@ -65,8 +65,8 @@ def test_acceptance_profile_rates_and_expectation():
     assert m.difficulty() == pytest.approx(1.0)  # the recent counts are the profile's
     rates = m.conditional_rates(3)
     assert rates == pytest.approx([0.75, 2 / 3, 0.5])  # shrinking a rate toward itself leaves it
-    assert m.expected_accepted(3) == pytest.approx(0.75 + 0.75 * 2 / 3 + 0.75 * 2 / 3 * 0.5)
-    assert m.expected_accepted(0) == 0.0
+    assert m.expected_accepted(3) == pytest.approx([0.0, 0.75, 0.75 + 0.75 * 2 / 3, 0.75 + 0.75 * 2 / 3 + 0.75 * 2 / 3 * 0.5])
+    assert m.expected_accepted(0) == [0.0]
     assert AcceptanceModel(0.9).expected_accepted(2) is None
 
 
@@ -139,7 +139,7 @@ def test_throughput_finds_the_best_candidate_from_measurements(a, cost):
     assert p.best == best
     assert seen[-100:].count(p.best) >= 70  # mostly at the best; probes are the rest
     # every candidate was run, or estimated far below the best without running it
-    rate = {k: p.estimated_rate(k) for k in candidates}
+    rate = p.estimated_rates()
     assert all(k in seen or rate[k] < 0.9 * rate[best] for k in candidates)
 
 
@@ -156,9 +156,9 @@ def test_throughput_does_not_explore_a_deep_step_count_estimated_far_worse():
 
 def test_throughput_estimates_none_until_measured():
     p = ThroughputPolicy((1, 3), 1, AcceptanceModel(0.9), 0.2, 5, 0)
-    assert p.estimated_rate(3) is None
+    assert p.estimated_rates()[3] is None
     p.observe(1, [1], {"verify": 0.5})
-    assert p.estimated_rate(1) == pytest.approx(2 / 0.5) and p.estimated_rate(3) is None
+    assert p.estimated_rates()[1] == pytest.approx(2 / 0.5) and p.estimated_rates()[3] is None
 
 
 class Fixed:
@@ -211,7 +211,7 @@ def test_throughput_compares_costs_at_the_current_batch_size():
     p.observe(1, [1, 1, 1, 1], {"verify": 1.2})  # k=1 measured with 4 requests: 1.2 s
     assert p.cycle_seconds(3, 4) == pytest.approx(2.0)  # scaled from 2 requests to 4
     assert p.cycle_seconds(1, 4) == pytest.approx(1.2)
-    assert p.estimated_rate(3) == pytest.approx(4 / 2.0) and p.estimated_rate(1) == pytest.approx(2 / 1.2)
+    assert p.estimated_rates()[3] == pytest.approx(4 / 2.0) and p.estimated_rates()[1] == pytest.approx(2 / 1.2)
 
 
 def test_controller_times_phases_only_for_policies_that_read_times():
@@ -228,7 +228,7 @@ def test_controller_times_phases_only_for_policies_that_read_times():
 
 def test_acceptance_ignores_zero_step_cycles_and_expects_nothing_of_zero_steps():
     fresh = AcceptanceModel(0.9)
-    assert fresh.expected_accepted(0) == 0.0 and fresh.expected_accepted(1) is None
+    assert fresh.expected_accepted(0) == [0.0] and fresh.expected_accepted(1) is None
     with_zeros, without = AcceptanceModel(0.5), AcceptanceModel(0.5)
     for m in (with_zeros, without):
         m.observe(2, [2])
@@ -286,7 +286,7 @@ def test_throughput_explores_one_candidate_per_interval_then_probes_its_neighbou
     # explore: the initial candidate, then outwards (the one below first), one update interval each
     assert seen == [3] * 4 + [2] * 4 + [4] * 4 + expected_after_exploring
     assert p.best == best
-    rates = {k: p.estimated_rate(k) for k in (2, 3, 4)}
+    rates = p.estimated_rates()
     assert all(rates[k] >= 0.9 * rates[best] for k in rates)
     expected = {k: (1 + sum(0.8 ** i for i in range(1, k + 1))) / (1 + step_cost * k) for k in rates}
     assert rates == pytest.approx(expected)
@@ -303,7 +303,7 @@ def test_throughput_scales_cycle_time_from_the_nearest_measured_batch_size():
 def test_throughput_ignores_cycles_timed_at_zero():
     p = ThroughputPolicy((1, 3), 1, AcceptanceModel(1.0), ema_alpha=1.0, update_interval=100, probe_interval=0)
     p.observe(1, [1], {"verify": 0.0})  # a clock too coarse for the cycle
-    assert p.estimated_rate(1) is None
+    assert p.estimated_rates()[1] is None
 
 
 def test_tiers_are_immutable():

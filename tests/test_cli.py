@@ -43,10 +43,11 @@ def test_prompts_file_plain_and_jsonl(gqa_checkpoint, tmp_path):
         run(config, None)
 
 
-def run_cli(*args, cwd):
+def run_cli(*args, cwd, module="engine"):
+    """`python -m <module> args...` in a subprocess, as a user runs it."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
-    return subprocess.run([sys.executable, "-m", "engine", *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=600)
 
 
 @pytest.mark.parametrize("text", ["def fib(n):", "a, b = 'x', \\'y\\'", "x = [1, 2]  # {dict}", "ends with \\"])

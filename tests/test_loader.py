@@ -19,8 +19,11 @@ def copy_checkpoint(src, dst):
 
 
 def edit_config(path, **changes):
+    """Set the given config.json fields; a None value removes the field."""
     config = json.loads((path / "config.json").read_text())
     config.update(changes)
+    for key in [k for k, v in changes.items() if v is None]:
+        config.pop(key)
     (path / "config.json").write_text(json.dumps(config))
 
 

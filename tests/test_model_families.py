@@ -2,14 +2,11 @@
 test_oracle.py): config fields are read as transformers reads them, what the engine cannot honour is
 refused, the Triton backend runs them, and EAGLE heads over a Qwen3 target are lossless."""
 
-import json
-import shutil
-
 import pytest
-import torch
 
 from checkpoints import write_llama
 from conftest import PLAIN, plain_token_ids, spec_overrides
+from test_loader import copy_checkpoint, edit_config
 from test_oracle import hf_greedy, hf_model
 from engine import CheckpointError, ConfigError, SamplingParams, build_engine
 from engine.models.config import load_model_config
@@ -46,12 +43,7 @@ def test_family_fields_are_read_as_transformers_reads_them(checkpoint):
 
 
 def _copy_with(src, dst, **changes):
-    shutil.copytree(src, dst)
-    config = json.loads((dst / "config.json").read_text())
-    config.update(changes)
-    for key in [k for k, v in changes.items() if v is None]:
-        config.pop(key)
-    (dst / "config.json").write_text(json.dumps(config))
+    edit_config(copy_checkpoint(src, dst), **changes)
     return dst
 
 

@@ -3,9 +3,6 @@ are recorded without losing the others, prompts files work alone from the comman
 `python -m engine.report` tabulates and charts a sweep."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,14 +13,9 @@ from containers.compose import compose_config
 from engine import ConfigError
 from engine.report import collect_runs, swept_keys, write_report
 from conftest import PLAIN
+from test_cli import run_cli
 
 TINY = "sampling.max_new_tokens=3"
-
-
-def run_cli(*args, cwd, module="engine"):
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=600)
 
 
 def outputs(directory: Path) -> list[dict]:

@@ -77,14 +77,16 @@ class AcceptanceModel:
             rates.append(min(rate, rates[-1]) if rates else rate)
         return rates
 
-    def expected_accepted(self, num_steps: int) -> float | None:
-        if num_steps == 0:
-            return 0.0
-        rates = self.conditional_rates(num_steps)
+    def expected_accepted(self, depth: int) -> list[float] | None:
+        """Expected accepted drafts at k = 0..depth steps (sum_{i<=k} prod_{j<=i} a_j), or None before any
+        draft was measured (when depth > 0)."""
+        if depth == 0:
+            return [0.0]
+        rates = self.conditional_rates(depth)
         if rates is None:
             return None
-        total, survive = 0.0, 1.0
+        expected, survive = [0.0], 1.0
         for a in rates:
             survive *= a
-            total += survive
-        return total
+            expected.append(expected[-1] + survive)
+        return expected

@@ -60,21 +60,13 @@ class ThroughputPolicy:
 
     def estimated_rates(self) -> dict[int, float | None]:
         """Tokens per request per second of every candidate at the current batch size (None: unmeasured)."""
-        depth = max(self.candidates)
-        rates = self.acceptance.conditional_rates(depth) if depth else []
-        expected, survive = [0.0], 1.0  # expected[k]: accepted drafts at k steps
-        for a in rates or []:
-            survive *= a
-            expected.append(expected[-1] + survive)
+        expected = self.acceptance.expected_accepted(max(self.candidates))  # [k]: accepted drafts at k steps
         out = {}
         for k in self.candidates:
             t = self.cycle_seconds(k, self.batch_size)
-            known = k == 0 or rates is not None
+            known = k == 0 or expected is not None
             out[k] = (1.0 + expected[k]) / t if known and t is not None and t > 0 else None
         return out
-
-    def estimated_rate(self, k: int) -> float | None:
-        return self.estimated_rates()[k]
 
     def _update(self) -> None:
         if self._explore:
