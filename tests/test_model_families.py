@@ -54,6 +54,9 @@ def test_qwen_sliding_window_counts_only_when_enabled_on_some_layer(checkpoint, 
     on = _copy_with(src, tmp_path / "on", use_sliding_window=True, sliding_window=32,
                     layer_types=["full_attention", "sliding_attention"])
     assert load_model_config(on).sliding_window == 32
+    all_full = _copy_with(src, tmp_path / "all_full", use_sliding_window=True, sliding_window=32,
+                          layer_types=["full_attention", "full_attention"])
+    assert load_model_config(all_full).sliding_window is None
     below = _copy_with(src, tmp_path / "below", use_sliding_window=True, sliding_window=32, layer_types=None,
                        max_window_layers=2)  # layers from index 2 slide: none of the 2
     assert load_model_config(below).sliding_window is None
