@@ -13,8 +13,8 @@ waves, prefill included. Each system's greedy ids are compared with eyas plain's
 
 Systems (`--systems`, short names): ct2 (CTranslate2, converted here from the same checkpoint),
 hf (transformers `generate`), hf_lookup (prompt lookup, 10 tokens), hf_assisted (the shipped draft
-LM as assistant model), eyas (plain decoding), eyas_spec (the default config: EAGLE-3 with the
-adaptive `throughput` step count), eyas_k3 (EAGLE-3, a fixed k = 3: `adaptive=off`). transformers' prompt lookup and assisted generation run at
+LM as assistant model), eyas (plain decoding), eyas_spec (default config: EAGLE-3, k = 3),
+eyas_adaptive (`adaptive=throughput`). transformers' prompt lookup and assisted generation run at
 batch 1 only. Needs the optional packages: pip install '.[bench]'.
 """
 
@@ -43,10 +43,10 @@ from engine.tokenizer import Tokenizer  # noqa: E402
 
 SYSTEMS = {"ct2": "ct2 plain", "hf": "transformers plain", "hf_lookup": "transformers prompt lookup",
            "hf_assisted": "transformers assisted", "eyas": "eyas plain", "eyas_spec": "eyas default",
-           "eyas_k3": "eyas k=3"}
+           "eyas_adaptive": "eyas adaptive"}
 BATCH1_ONLY = {"hf_lookup", "hf_assisted"}
 EYAS_OVERRIDES = {"eyas": ["speculative=none", "draft=none"], "eyas_spec": [],
-                  "eyas_k3": ["adaptive=off", "speculative.num_steps=3"]}
+                  "eyas_adaptive": ["adaptive=throughput"]}
 
 
 def parse_args() -> argparse.Namespace:

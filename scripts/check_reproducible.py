@@ -3,8 +3,8 @@
     python scripts/check_reproducible.py                      # batch 16, T = 0.8, top_p = 0.95
     python scripts/check_reproducible.py --temperature 1.0 --top-k 50 --batch-size 8
 
-Runs plain decoding, the default speculative config (adaptive `throughput` step count), fixed
-`speculative.num_steps=3` and `=5`, and `adaptive=ema` on the same prompts with per-request seeds,
+Runs plain decoding, the default speculative config (fixed k = 3), `speculative.num_steps=5`, and
+`adaptive=throughput` and `adaptive=ema` on the same prompts with per-request seeds,
 and prints per config how many requests emitted exactly plain decoding's token ids, with tau and
 tokens/s. Exits 1 when any differ.
 """
@@ -22,9 +22,9 @@ from engine import SamplingParams, build_engine  # noqa: E402
 
 CONFIGS = {
     "plain": ["speculative=none", "draft=none"],
-    "default": [],  # adaptive: the throughput policy picks the step count
-    "num_steps=3": ["adaptive=off", "speculative.num_steps=3"],
+    "default": [],
     "num_steps=5": ["adaptive=off", "speculative.num_steps=5"],
+    "adaptive=throughput": ["adaptive=throughput"],
     "adaptive=ema": ["adaptive=ema"],
 }
 
