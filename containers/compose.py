@@ -47,14 +47,15 @@ def to_plain(cfg: DictConfig) -> dict:
     return validate_config(config)
 
 
-def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> dict:
+def compose_config(overrides: list[str] | tuple[str, ...] = (), config_name: str = "config") -> dict:
+    """`config_name`: "config" (the engine) or "serve" (the server: adds the `server` group)."""
     register_schemas()
     register_resolvers()
     if GlobalHydra.instance().is_initialized():
         GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-            cfg = compose(config_name="config", overrides=list(overrides))
+            cfg = compose(config_name=config_name, overrides=list(overrides))
     except (HydraException, OmegaConfBaseException) as e:
         cause = f"\n{e.__cause__}" if e.__cause__ is not None else ""
         raise ConfigError(f"invalid configuration: {e}{cause}") from e

@@ -141,6 +141,28 @@ class CacheConfig:
 
 
 @dataclass
+class ChatTemplateConfig:
+    """Per-role formats ({content} is the message text), the generation prompt, and turn-ending stops."""
+
+    system: str = "System: {content}\n"
+    user: str = "User: {content}\n"
+    assistant: str = "Assistant: {content}\n"
+    generation_prompt: str = "Assistant:"
+    stop: list[str] = field(default_factory=lambda: ["\nUser:"])
+
+
+@dataclass
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_name: Optional[str] = None  # null: the model directory's name
+    max_queue: int = 256  # requests accepted but not yet running; beyond it: 503
+    api_key: Optional[str] = None  # set: every /v1 request needs `Authorization: Bearer <key>`
+    log_level: str = "warning"
+    chat_template: ChatTemplateConfig = field(default_factory=ChatTemplateConfig)
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     draft: DraftConfig = field(default_factory=DraftConfig)
@@ -156,7 +178,9 @@ class Config:
     prompts_file: Optional[str] = None  # one prompt per line, or JSONL with a "prompt" field
     objective: str = "tokens_per_s"  # the metric a run returns to a sweeper
     print_outputs: bool = True
+    server: Optional[ServerConfig] = None  # python -m engine.serve (conf/serve.yaml) sets it
 
 
 def register_schemas() -> None:
     ConfigStore.instance().store(name="config_schema", node=Config)
+

@@ -1,6 +1,7 @@
 """Cross-field checks of the composed config (a plain dict). Each error names the field and what is allowed."""
 
 from engine.errors import ConfigError
+from engine.serve.chat_template import ChatTemplate
 from engine.sampling_params import SamplingParams
 from engine.speculative.adaptive.tiers import middle_candidate
 
@@ -70,8 +71,29 @@ def validate_config(config: dict) -> dict:
                           f"allowed without it: {allowed}")
     if not isinstance(config["seed"], int) or config["seed"] < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {config['seed']!r}")
+    if config.get("server") is not None:
+        _validate_server(config["server"])
     config["notices"] = [*config.get("notices", []), *notices]  # validating again adds none: num_steps is fixed
     return config
+
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+
+def _validate_server(server: dict) -> None:
+    port = server["port"]
+    if not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ConfigError(f"server.port must be an integer in 1..65535, got {port!r}")
+    if not isinstance(server["max_queue"], int) or server["max_queue"] < 1:
+        raise ConfigError(f"server.max_queue must be an integer >= 1, got {server['max_queue']!r}")
+    if server["log_level"] not in LOG_LEVELS:
+        raise ConfigError(f"server.log_level must be one of {list(LOG_LEVELS)}, got {server['log_level']!r}")
+    for key in ("served_model_name", "api_key"):
+        if server[key] is not None and not str(server[key]).strip():
+            raise ConfigError(f"server.{key} must be a non-empty string or null, got {server[key]!r}")
+    if not str(server["host"]).strip():
+        raise ConfigError("server.host must be an address to listen on, e.g. 127.0.0.1 or 0.0.0.0")
+    ChatTemplate(**server["chat_template"])  # checks its formats
 
 
 def _validate_adaptive(config: dict) -> list[str]:

@@ -33,12 +33,8 @@ class Engine:
                  sampling: SamplingParams | list[SamplingParams] | None = None,
                  prompt_token_ids: list[list[int]] | None = None) -> list[RequestOutput]:
         """Generate for every prompt (text or token ids); outputs come back in the prompts' order."""
-        if self.closed:
-            raise RuntimeError("engine is closed")
-        requests = self._make_requests(prompts, sampling, prompt_token_ids)
         start = time.perf_counter()
-        for request in requests:
-            self.scheduler.add(request)
+        requests = self.submit(prompts, sampling, prompt_token_ids)
         try:
             while self.scheduler.has_work():
                 self.step()
@@ -46,7 +42,26 @@ class Engine:
             self.scheduler.abort(requests, f"generate() stopped by {type(e).__name__}: {e}")
             raise
         self._metrics.generate_time_s += time.perf_counter() - start
-        return [self._output(r) for r in requests]
+        return [self.output(r) for r in requests]
+
+    def submit(self, prompts: str | list[str] | None = None,
+               sampling: SamplingParams | list[SamplingParams] | None = None,
+               prompt_token_ids: list[list[int]] | None = None) -> list[Request]:
+        """Queue requests without running them; `step` advances every queued and running request.
+        A request that cannot be served comes back already finished with the reason."""
+        if self.closed:
+            raise RuntimeError("engine is closed")
+        requests = self._make_requests(prompts, sampling, prompt_token_ids)
+        for request in requests:
+            self.scheduler.add(request)
+        return requests
+
+    def abort(self, requests: list[Request], reason: str = "aborted by the client") -> None:
+        """End `requests` now (queued or running), freeing their KV; their finish_reason is "abort"."""
+        self.scheduler.abort(requests, reason, finish_reason="abort")
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
 
     def step(self) -> None:
         running = self.scheduler.schedule()
@@ -60,7 +75,7 @@ class Engine:
         self.scheduler.release_finished()
 
     def metrics(self) -> dict:
-        return {**self._metrics.as_dict(), **self.worker.stats()}
+        return {**self._metrics.as_dict(), "preemptions": self.scheduler.num_preemptions, **self.worker.stats()}
 
     def close(self) -> None:
         self.closed = True
@@ -94,12 +109,15 @@ class Engine:
         self._metrics.num_requests += n
         return requests
 
-    def _output(self, request: Request) -> RequestOutput:
+    def output(self, request: Request) -> RequestOutput:
+        """The result of a finished request (counted once in `metrics`)."""
         text = self.tokenizer.decode(request.output_ids) if self.tokenizer is not None else ""
         if request.stop_text_end is not None:
             text = text[:request.stop_text_end]
         if request.finish_reason == "error":
             self._metrics.num_failed += 1
+        elif request.finish_reason == "abort":
+            self._metrics.num_aborted += 1
         else:
             self._metrics.num_finished += 1
             self._metrics.prompt_tokens += len(request.prompt_ids)

@@ -8,6 +8,7 @@ class EngineMetrics:
     num_requests: int = 0
     num_finished: int = 0
     num_failed: int = 0
+    num_aborted: int = 0
     prompt_tokens: int = 0
     generated_tokens: int = 0
     forward_steps: int = 0

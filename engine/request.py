@@ -25,10 +25,11 @@ class Request:
     status: Status = Status.WAITING
     row: int | None = None  # row in the request-to-token table while running
     num_computed: int = 0  # tokens whose KV is committed
-    finish_reason: str | None = None  # "stop" | "length" | "error"
+    finish_reason: str | None = None  # "stop" | "length" | "error" | "abort"
     error: str | None = None
     stop_text_end: int | None = None  # text is cut here when a stop string matched
     num_forward_steps: int = 0
+    num_preemptions: int = 0  # times its KV was taken back for an older request
     spec_counters: SpecCounters = field(default_factory=SpecCounters)
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
@@ -53,8 +54,8 @@ class Request:
     def finished(self) -> bool:
         return self.status is Status.FINISHED
 
-    def fail(self, message: str) -> None:
+    def fail(self, message: str, finish_reason: str = "error") -> None:
         self.status = Status.FINISHED
-        self.finish_reason = "error"
+        self.finish_reason = finish_reason
         self.error = message
         self.finish_time = time.perf_counter()

@@ -1,7 +1,13 @@
-"""Admits waiting requests while KV and batch slots allow, and releases KV the moment a request ends.
+"""Admits waiting requests while KV and batch slots allow, grows running requests' KV step by step,
+and releases KV the moment a request ends.
 
-Admission is first come, first served. A request reserves KV for its longest possible sequence; a
-request that could not fit even in an empty pool fails alone at `add`, with the reason.
+Admission is first come, first served. A request holds KV for the positions it has reached plus the
+`lookahead_tokens` one step may write past them, and gets more pages as it grows. When the pool
+cannot give a running request its next pages, the most recently admitted request is preempted: its
+KV is freed and it goes back to the front of the queue with its output kept; on readmission it
+prefills prompt + output again and goes on (sampling is keyed by output position, so a seeded
+request emits the same tokens). The oldest request never waits on a younger one, so every request
+finishes. A request that could not fit even alone in the empty pool fails at `add`, with the reason.
 """
 
 from collections import deque
@@ -18,10 +24,16 @@ class Scheduler:
         self.lookahead_tokens = lookahead_tokens  # extra KV positions a speculative step may write
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.num_preemptions = 0
 
     def kv_tokens_for(self, request: Request) -> int:
+        """KV positions of the request's longest possible sequence."""
         longest = min(len(request.prompt_ids) + request.params.max_new_tokens, self.kv.max_context_len)
         return longest + self.lookahead_tokens
+
+    def step_tokens_for(self, request: Request) -> int:
+        """KV positions the request's next step may touch."""
+        return request.seq_len + self.lookahead_tokens
 
     def add(self, request: Request) -> None:
         error = self.admission_error(request)
@@ -47,27 +59,46 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> list[Request]:
-        """Admit what fits, then return every running request (new ones extend their prompt)."""
+        """Give running requests KV for their next step (preempting the newest when short), admit what
+        fits, and return every running request (new and readmitted ones extend their whole sequence)."""
+        self._grow_running()
         budget, admitted = self.max_prefill_tokens, 0
         while self.waiting and len(self.running) < self.max_running_requests:
             request = self.waiting[0]
-            prompt_len = len(request.prompt_ids)
             # a prompt longer than the whole budget still runs, alone in its step
-            if (admitted and prompt_len > budget) or not self.kv.can_admit(self.kv_tokens_for(request)):
+            if (admitted and request.seq_len > budget) or not self.kv.can_admit(self.step_tokens_for(request)):
                 break
             self.waiting.popleft()
-            request.row = self.kv.admit(self.kv_tokens_for(request))
+            request.row = self.kv.admit(self.step_tokens_for(request))
             request.status = Status.RUNNING
             self.running.append(request)
-            budget -= prompt_len
+            budget -= request.seq_len
             admitted += 1
         return list(self.running)
 
-    def abort(self, requests: list[Request], reason: str) -> None:
-        """End `requests` where they stand (waiting or running) with an error, and free their KV."""
+    def _grow_running(self) -> None:
+        i = 0
+        while i < len(self.running):
+            request = self.running[i]
+            if self.kv.grow(request.row, self.step_tokens_for(request)):
+                i += 1
+            else:  # the newest running request gives its KV back (possibly this one)
+                self._preempt(self.running.pop())
+
+    def _preempt(self, request: Request) -> None:
+        self.kv.release(request.row)
+        request.row = None
+        request.num_computed = 0
+        request.status = Status.WAITING
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def abort(self, requests: list[Request], reason: str, finish_reason: str = "error") -> None:
+        """End `requests` where they stand (waiting or running) and free their KV."""
         for request in requests:
             if not request.finished:
-                request.fail(reason)
+                request.fail(reason, finish_reason)
         self.waiting = deque(r for r in self.waiting if not r.finished)
         self.release_finished()
 

@@ -2,8 +2,10 @@
 
 import random
 
+import pytest
+
+from conftest import PLAIN, spec_overrides
 from engine import SamplingParams, build_engine
-from conftest import PLAIN
 
 
 def engine_for(path, *overrides):
@@ -38,10 +40,30 @@ def test_waiting_requests_run_later_with_the_same_output(gqa_checkpoint):
     params = SamplingParams(max_new_tokens=20, ignore_eos=True)
     with engine_for(gqa_checkpoint, "cache.max_total_tokens=4096") as eng:
         roomy = [o.token_ids for o in eng.generate(prompt_token_ids=prompts, sampling=params)]
-    # room for two requests at a time: the rest wait in the queue
-    with engine_for(gqa_checkpoint, "cache.page_size=1", "cache.max_total_tokens=70") as eng:
-        tight = eng.generate(prompt_token_ids=prompts, sampling=params)
+    # two requests at a time: the rest wait in the queue
+    with engine_for(gqa_checkpoint, "cache.max_running_requests=2") as eng:
+        queued = eng.generate(prompt_token_ids=prompts, sampling=params)
         assert eng.metrics()["forward_steps"] >= 3 * 20
+        assert eng.scheduler.kv.all_free()
+    assert [o.token_ids for o in queued] == roomy
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+def test_requests_preempted_when_the_pool_runs_short_finish_with_the_same_output(spec_pair, speculative):
+    """KV grows with each request; when the pool runs out the newest request gives its KV back and
+    prefills prompt + output again later. Greedy and seeded sampled outputs are unchanged."""
+    target, heads = spec_pair
+    prompts = [[0] + list(range(5, 5 + n)) for n in (3, 9, 14, 6, 11, 2, 7, 5)]
+    params = [SamplingParams(max_new_tokens=40, ignore_eos=True, temperature=t, seed=i)
+              for i, t in enumerate([0.0, 1.0] * 4)]
+    base = spec_overrides(target, heads["eagle3"], "eagle3", 3) if speculative else [*PLAIN, f"model.path={target}"]
+    with build_engine([*base, "cache.max_total_tokens=4096"]) as eng:
+        roomy = [o.token_ids for o in eng.generate(prompt_token_ids=prompts, sampling=params)]
+        assert eng.metrics()["preemptions"] == 0
+    # 8 tokens a page, 24 pages: all 8 prompts fit at once, their full sequences do not
+    with build_engine([*base, "cache.page_size=8", "cache.max_total_tokens=192"]) as eng:
+        tight = eng.generate(prompt_token_ids=prompts, sampling=params)
+        assert eng.metrics()["preemptions"] > 0
         assert eng.scheduler.kv.all_free()
     assert [o.token_ids for o in tight] == roomy
 

@@ -72,13 +72,14 @@ class EagleWorker:
 
     def prefill(self, requests: list[Request]) -> list[list[int]]:
         rows = [r.row for r in requests]
-        batch = ForwardBatch.from_tails(rows, [r.prompt_ids for r in requests], [0] * len(requests), self.req_to_token)
+        # a preempted request comes back with output: it extends prompt + output
+        batch = ForwardBatch.from_tails(rows, [r.all_ids for r in requests], [0] * len(requests), self.req_to_token)
         out = self.target_runner.forward(batch)
         first = self.sampler.sample(out.logits, SamplingBatch.of_requests(requests, out.logits.device))[:, 0].tolist()
         for request in requests:
-            request.num_computed = len(request.prompt_ids)
+            request.num_computed = request.seq_len
         features = self.draft_worker.target_features(out.hidden, out.aux_hidden)
-        shifted = [r.prompt_ids[1:] + [t] for r, t in zip(requests, first)]
+        shifted = [r.all_ids[1:] + [t] for r, t in zip(requests, first)]
         self.deferred.drop(rows)
         self.draft_worker.forward_draft_extend(rows, [0] * len(requests), shifted, features)
         return [[t] for t in first]

@@ -1,0 +1,75 @@
+"""`python -m engine.serve key=value ...` (and `eyas-serve`): the server's Hydra command line.
+
+It composes `conf/serve.yaml` (the engine's tree plus the `server` group), so every engine override
+works here too, builds the server container, and runs uvicorn until interrupted.
+"""
+
+import signal
+import sys
+import threading
+
+import hydra
+from omegaconf import DictConfig
+from rich.console import Console
+
+from containers.compose import config_dir, register_resolvers, to_plain
+from containers.schema import register_schemas
+from containers.server_container import ServerContainer
+from engine.errors import EyasError
+
+
+def build_server(config: dict) -> ServerContainer:
+    container = ServerContainer()
+    container.config.from_dict(config)
+    return container
+
+
+def serve(config: dict, console: Console | None = None) -> None:
+    import uvicorn  # the [serve] extra
+
+    console = console or Console(stderr=True)
+    container = build_server(config)
+    for notice in config.get("notices", []):
+        console.print(notice, markup=False, highlight=False, soft_wrap=True)
+    app, loop = container.app(), container.loop()
+    settings = config["server"]
+    http = uvicorn.Server(uvicorn.Config(app, host=settings["host"], port=settings["port"],
+                                         log_level=settings["log_level"]))
+    # HTTP on a thread of its own; the engine loop on this one, which built the engine (see engine.serve.loop)
+    http_thread = threading.Thread(target=http.run, name="eyas-http", daemon=True)
+
+    def shut_down(*_):
+        http.should_exit = True
+        loop.stop()
+
+    signal.signal(signal.SIGINT, shut_down)
+    signal.signal(signal.SIGTERM, shut_down)
+    http_thread.start()
+    while not http.started:
+        if not http_thread.is_alive():  # e.g. the port is taken: uvicorn said why
+            raise EyasError(f"the HTTP server did not start on {settings['host']}:{settings['port']}")
+        http_thread.join(timeout=0.05)
+    console.print(f"eyas: serving {app.state.model_name!r} on http://{settings['host']}:{settings['port']}/v1",
+                  markup=False, highlight=False, soft_wrap=True)
+    try:
+        loop.run()
+    finally:
+        http.should_exit = True
+        http_thread.join(timeout=30)
+
+
+register_schemas()
+register_resolvers()
+
+
+@hydra.main(config_path=config_dir(), config_name="serve", version_base="1.3")
+def hydra_main(cfg: DictConfig) -> None:
+    try:
+        serve(to_plain(cfg))
+    except EyasError as e:
+        Console(stderr=True).print(f"error: {e}", markup=False, highlight=False)
+        sys.exit(2)
+
+
+def main() -> None:
+    hydra_main()

@@ -1,0 +1,54 @@
+"""The server container: the engine container's objects plus the engine loop, metrics and HTTP app."""
+
+from pathlib import Path
+
+from dependency_injector import containers, providers
+
+from containers.engine_container import EngineContainer
+from containers.scope import BuildTrackingSingleton as Singleton
+from engine.errors import ConfigError
+from engine.serve.app import create_app
+from engine.serve.chat_template import ChatTemplate
+from engine.serve.loop import EngineLoop
+from engine.serve.metrics import ServerMetrics
+
+
+def served_name(configured: str | None, model_path: str) -> str:
+    return configured or Path(model_path).expanduser().resolve().name
+
+
+def chat_template(template: dict) -> ChatTemplate:
+    return ChatTemplate(**template)
+
+
+def vocab_size(model) -> int:
+    return model.config.vocab_size
+
+
+def metrics_of(loop: EngineLoop) -> ServerMetrics:
+    metrics = ServerMetrics(loop)
+    loop.on_finished = metrics.observe
+    return metrics
+
+
+def required_tokenizer(tokenizer, model_path: str):
+    if tokenizer is None:
+        raise ConfigError(f"the server needs a tokenizer: no tokenizer.json in model.path = {model_path}")
+    return tokenizer
+
+
+class ServerContainer(containers.DeclarativeContainer):
+    config = providers.Configuration(strict=True)
+
+    engine_container = providers.Container(EngineContainer, config=config)
+    loop = Singleton(EngineLoop, engine=engine_container.engine, max_queue=config.server.max_queue)
+    metrics = Singleton(metrics_of, loop)
+    app = Singleton(
+        create_app, loop=loop, metrics=metrics, tokenizer=providers.Callable(required_tokenizer, engine_container.models.tokenizer, config.model.path),
+        model_name=providers.Callable(served_name, config.server.served_model_name, config.model.path),
+        vocab_size=providers.Callable(vocab_size, engine_container.models.target_model),
+        context_len=engine_container.cache.max_context_len,
+        defaults=engine_container.default_sampling,
+        chat_template=providers.Callable(chat_template, config.server.chat_template),
+        api_key=config.server.api_key,
+    )

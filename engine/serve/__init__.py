@@ -1,0 +1,1 @@
+"""The OpenAI-compatible server: request models, the engine loop, metrics and the HTTP app."""

@@ -1,0 +1,186 @@
+"""The engine loop: one thread owns the engine and never waits on a client.
+
+The server runs the loop on the main thread, the thread that built the engine, and HTTP on another:
+torch's CPU kernels run about 2x slower here from a thread other than the one that first ran them
+(measured: a 1x512 @ 512x2048 matmul, 2 OpenMP threads). `start()` runs it on a thread of its own
+instead, for in-process use.
+
+HTTP handlers hand it `Stream`s through a thread-safe inbox. Between engine iterations the loop
+takes in new requests (they join the running batch: continuous batching), aborts the ones whose
+client went away (their KV is freed at once), and pushes each request's newly committed token ids,
+then its final output, to the handler's asyncio queue. An exception inside an engine step ends the
+requests of that step with an error; the loop itself goes on.
+"""
+
+import asyncio
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+from engine.engine import Engine
+from engine.outputs import RequestOutput
+from engine.request import Request, Status
+from engine.sampling_params import SamplingParams
+
+
+class QueueFull(RuntimeError):
+    """More requests wait than `server.max_queue` allows."""
+
+
+@dataclass
+class Finished:
+    output: RequestOutput
+
+
+@dataclass(eq=False)
+class Stream:
+    """One request as the handler sees it: `events` yields lists of new token ids, then `Finished`."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    aio_loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop)
+    request: Request | None = None  # set by the engine thread
+    num_sent: int = 0
+    queued: bool = True  # accepted, not yet running
+    done: bool = False
+
+    def push(self, event) -> None:
+        self.aio_loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+
+@dataclass
+class LoopStats:
+    """What the loop last saw, for /metrics (written by the engine thread, read by handlers)."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_pages_used: int = 0
+    kv_pages_total: int = 0
+    steps: int = 0
+    step_errors: int = 0
+    preemptions: int = 0
+    mean_accept_length: float = 0.0
+
+
+class EngineLoop:
+    def __init__(self, engine: Engine, max_queue: int, idle_wait_s: float = 0.05):
+        self.engine = engine
+        self.on_finished = lambda output: None  # e.g. metrics; called on the engine thread
+        self.max_queue = max_queue
+        self.idle_wait_s = idle_wait_s
+        self.stats = LoopStats(kv_pages_total=engine.scheduler.kv.allocator.num_pages)
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._streams: list[Stream] = []
+        self._num_queued = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._running = False
+        self._thread: threading.Thread | None = None
+
+    def run(self) -> None:
+        """Serve requests on this thread until `stop()`."""
+        self._running = True
+        try:
+            self._run()
+        finally:
+            self._running = False
+
+    def start(self) -> "EngineLoop":
+        """Serve requests on a new thread."""
+        self._running = True
+        self._thread = threading.Thread(target=self.run, name="eyas-engine-loop", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._inbox.put(None)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=30)
+
+    # ---- called from the HTTP side ----
+
+    @property
+    def alive(self) -> bool:
+        return self._running and not self._stop.is_set()
+
+    def submit(self, stream: Stream) -> None:
+        with self._lock:
+            if self._num_queued >= self.max_queue:
+                raise QueueFull(f"{self._num_queued} requests are waiting (server.max_queue = {self.max_queue})")
+            self._num_queued += 1
+        self._inbox.put(("add", stream))
+
+    def abort(self, stream: Stream) -> None:
+        if not stream.done:
+            self._inbox.put(("abort", stream))
+
+    def admission_error(self, prompt_ids: list[int], params: SamplingParams) -> str | None:
+        """Why the engine could never serve this request (prompt or worst-case KV too large), or None."""
+        return self.engine.scheduler.admission_error(Request(-1, prompt_ids, params))
+
+    # ---- the engine thread ----
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._take_inbox(block=not self.engine.has_work())
+            if self._stop.is_set():
+                break
+            if self.engine.has_work():
+                try:
+                    self.engine.step()
+                except Exception as e:  # a failed step ends its requests, not the server
+                    self.stats.step_errors += 1
+                    running = list(self.engine.scheduler.running)
+                    self.engine.scheduler.abort(running, f"engine step failed: {type(e).__name__}: {e}")
+                self.stats.steps += 1
+            self._publish()
+        for stream in self._streams:  # shutting down: end what is left
+            self.engine.abort([stream.request], "server shutting down")
+        self._publish()
+
+    def _take_inbox(self, block: bool) -> None:
+        try:
+            item = self._inbox.get(timeout=self.idle_wait_s) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while item is not None:
+            kind, stream = item
+            if kind == "add":
+                stream.request = self.engine.submit(prompt_token_ids=[stream.prompt_ids], sampling=[stream.params])[0]
+                self._streams.append(stream)
+            elif kind == "abort" and stream.request is not None and not stream.request.finished:
+                self.engine.abort([stream.request])
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                item = None
+
+    def _publish(self) -> None:
+        still = []
+        for stream in self._streams:
+            request = stream.request
+            if stream.queued and request.status is not Status.WAITING:
+                stream.queued = False
+                with self._lock:
+                    self._num_queued -= 1
+            if request.finished:
+                stream.done = True
+                output = self.engine.output(request)
+                self.on_finished(output)
+                stream.push(Finished(output))
+                continue
+            if len(request.output_ids) > stream.num_sent:
+                stream.push(request.output_ids[stream.num_sent:])
+                stream.num_sent = len(request.output_ids)
+            still.append(stream)
+        self._streams = still
+        scheduler = self.engine.scheduler
+        self.stats.running, self.stats.waiting = len(scheduler.running), len(scheduler.waiting)
+        self.stats.kv_pages_used = scheduler.kv.used_pages
+        self.stats.preemptions = scheduler.num_preemptions
+        counters = getattr(self.engine.worker, "counters", None)  # plain decoding has none
+        if counters is not None and counters.num_verify_cycles:
+            self.stats.mean_accept_length = counters.num_emitted / counters.num_verify_cycles
