@@ -63,3 +63,13 @@ def test_bench_adaptive_charts_the_choices(tmp_path):
     assert choices and sum(n for _, n in choices) == rows["throughput"]["wave_ends"][-1]
     assert not rows["k=3"]["choices"] and len(rows["k=3"]["wave_speeds"]) == len(rows["throughput"]["wave_ends"]) == 4
     assert (tmp_path / "adaptive.png").stat().st_size > 5000
+
+
+def test_bench_serve_compares_both_servers(tmp_path):
+    plot = tmp_path / "serve.png"
+    out = run_script("bench_serve.py", "--rates", "8,inf", "--num-requests", "4", "--max-tokens", "8",
+                     "--out", str(tmp_path), "--plot", str(plot))
+    rows = json.loads((tmp_path / "bench_serve.json").read_text())["rows"]
+    assert {(r["rate"], r["system"]) for r in rows} == {(rate, s) for rate in ("8", "inf") for s in ("eyas", "transformers")}
+    assert all(r["tokens"] > 0 and r["tok_s"] > 0 for r in rows)
+    assert "| inf | eyas |" in out and plot.stat().st_size > 5000

@@ -5,7 +5,10 @@ Stand-ins for what a reader brings:
 - `/ckpt/llama`, `/ckpt/eagle3-head`: a tiny target and its trained EAGLE-3 head (fixtures);
 - `prompts.txt`, `prompts.jsonl`: files in the working directory;
 - `HEAD:6379`: a Ray head node this test starts (without Ray's token authentication), and stops afterwards;
-- `multirun/DATE/TIME`: the newest multirun directory whose jobs ran.
+- `multirun/DATE/TIME`: the newest multirun directory whose jobs ran;
+- `127.0.0.1:PORT`: a free port in place of the README's; `python -m engine.serve` starts in the
+  background, must answer `/v1/models` with its model, and stops at the end of the module (the
+  python blocks that speak to it run while it is up).
 
 Changes to the commands: `sampling.max_new_tokens=2` is appended to each `python -m engine` command, so
 each generates briefly; `pip install` runs with `--dry-run` (it resolves what it would install and
@@ -24,6 +27,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
+
+from server_process import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -65,6 +70,7 @@ class Workspace:
         (path / "prompts.txt").write_text("def add(a, b):\nimport os\n")
         (path / "prompts.jsonl").write_text('{"prompt": "class Point:"}\n{"prompt": "for i in"}\n')
         self.ray_address: str | None = None
+        self.servers: dict[str, ServerProcess] = {}  # the README's port -> the server standing in
         self.ray_dir = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # short: Ray's socket paths have a length limit
 
     def substitute(self, word: str) -> str:
@@ -93,6 +99,22 @@ class Workspace:
             self.ray_address = f"127.0.0.1:{port}"
         return self.ray_address
 
+    def start_server(self, readme_port: str, overrides: list[str]) -> ServerProcess:
+        if readme_port not in self.servers:
+            self.servers[readme_port] = ServerProcess(*overrides, cwd=self.path)
+        return self.servers[readme_port]
+
+    def substitute_ports(self, code: str) -> str:
+        """`127.0.0.1:8000` in client code -> the port of the server standing in (started if need be)."""
+        for readme_port in set(re.findall(r"127\.0\.0\.1:(\d+)", code)):
+            server = self.start_server(readme_port, [])
+            code = code.replace(f"127.0.0.1:{readme_port}", f"127.0.0.1:{server.port}")
+        return code
+
+    def stop_servers(self) -> None:
+        for server in self.servers.values():
+            server.stop()
+
     def stop_ray(self) -> None:
         if self.ray_address is not None:
             subprocess.run(["ray", "stop", "--force"], capture_output=True, timeout=120, env=_env())
@@ -110,6 +132,7 @@ def workspace(spec_pair, tmp_path_factory):
     space = Workspace(tmp_path_factory.mktemp("readme"), target, heads["eagle3"])
     yield space
     space.stop_ray()
+    space.stop_servers()
 
 
 def _env(**extra) -> dict:
@@ -140,6 +163,13 @@ def run_segment(space: Workspace, words: list[str]) -> None:
         return
     elif words[:3] == ["python", "-m", "engine"]:
         done = space.run([*words, TINY], env=_env())
+    elif words[:3] == ["python", "-m", "engine.serve"]:
+        readme_port = next(w.split("=", 1)[1] for w in words if w.startswith("server.port="))
+        server = space.start_server(readme_port, [w for w in words[3:] if not w.startswith("server.port=")])
+        status, models = server.get("/v1/models")
+        name = next((w.split("=", 1)[1] for w in words if w.startswith("server.served_model_name=")), "target")
+        assert status == 200 and f'"id":"{name}"' in models, models
+        return
     elif words[:3] == ["python", "-m", "engine.report"]:
         done = space.run(words, env=_env())
         assert "wrote" in done.stdout and (Path(words[3]) / "report.md").is_file(), done.stdout + done.stderr
@@ -165,6 +195,7 @@ def test_ci_runs_the_readme_test_command():
 def test_readme_python_block(workspace, index):
     code = readme_blocks("python")[index]
     script = workspace.path / f"readme_block_{index}.py"
+    code = workspace.substitute_ports(code)
     script.write_text(code.replace("/ckpt/llama", str(workspace.target)).replace("/ckpt/eagle3-head", str(workspace.head)))
     done = workspace.run(["python", str(script)], env=_env())
     assert done.returncode == 0, f"{code}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
@@ -174,5 +205,5 @@ def test_the_readme_has_commands_of_every_kind():
     commands = bash_commands()
     assert len(commands) >= 15 and readme_blocks("python")
     for needle in ("python -m pytest", "experiment=tune_speculative", "hydra/launcher=ray", "hydra/launcher=slurm",
-                   "python -m engine.report", "prompts_file="):
+                   "python -m engine.report", "prompts_file=", "python -m engine.serve"):
         assert any(needle in c for c in commands), needle

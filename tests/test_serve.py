@@ -5,9 +5,11 @@ requests free their KV at once."""
 
 import asyncio
 import json
+import socket
 import subprocess
 import sys
 import threading
+import time
 
 import openai
 import pytest
@@ -176,6 +178,20 @@ def test_a_cancelled_stream_frees_its_kv_at_once(server, client):
     assert server.metric('eyas_requests_total{finish_reason="abort"}') == aborted + 1
 
 
+def test_a_non_streaming_client_that_hangs_up_has_its_request_aborted(server):
+    aborted = server.metric('eyas_requests_total{finish_reason="abort"}') if "abort" in server.get("/metrics")[1] else 0
+    body = json.dumps({"model": MODEL, "prompt": PROMPTS[2], "max_tokens": 1500, "ignore_eos": True}).encode()
+    with socket.create_connection(("127.0.0.1", server.port)) as conn:
+        conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        deadline = time.monotonic() + 10
+        while server.metric("eyas_kv_pages_used") == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.metric("eyas_kv_pages_used") > 0  # it runs
+    server.wait_idle(timeout_s=10)  # gone with its client, long before 1500 tokens
+    assert server.metric('eyas_requests_total{finish_reason="abort"}') == aborted + 1
+
+
 def test_64_concurrent_streaming_clients_some_cancelled(server, offline):
     """Every valid request completes with the offline engine's greedy text; every fourth is dropped
     midway; afterwards no request runs and the KV pool is empty."""
@@ -230,6 +246,7 @@ def test_full_queue_answers_503_and_api_key_is_required(tmp_path):
         server.wait_idle()
     finally:
         server.stop()
+    assert server.proc.returncode == 0  # SIGTERM: a clean shutdown
 
 
 @pytest.mark.parametrize("override,message", [

@@ -46,14 +46,11 @@ def create_app(loop: EngineLoop, metrics: ServerMetrics, tokenizer: Tokenizer, m
             err_type = "authentication_error"
         return JSONResponse(error_body(e.message, e.param, err_type, e.code), status_code=e.status)
 
-    @app.middleware("http")
-    async def check_api_key(request: Request, call_next):
-        if api_key and request.url.path.startswith("/v1/"):
-            if request.headers.get("authorization", "") != f"Bearer {api_key}":
-                metrics.refused.labels("401").inc()
-                return JSONResponse(error_body("missing or wrong API key (Authorization: Bearer ...)", None,
-                                               "authentication_error", "invalid_api_key"), status_code=401)
-        return await call_next(request)
+    def authorize(request: Request) -> None:
+        # a check in each /v1 handler, not an HTTP middleware: those hide a client's disconnect from the handler
+        if api_key and request.headers.get("authorization", "") != f"Bearer {api_key}":
+            raise RequestValidationError("missing or wrong API key (Authorization: Bearer ...)", None, status=401,
+                                         code="invalid_api_key")
 
     @app.get("/health")
     async def health():
@@ -66,7 +63,8 @@ def create_app(loop: EngineLoop, metrics: ServerMetrics, tokenizer: Tokenizer, m
         return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
-    async def models():
+    async def models(request: Request):
+        authorize(request)
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
                                             "owned_by": "eyas", "max_model_len": context_len}]}
 
@@ -84,8 +82,11 @@ def create_app(loop: EngineLoop, metrics: ServerMetrics, tokenizer: Tokenizer, m
                 return completion_body(rid, model_name, text, finish_reason, chunk=True)
 
             def last(output):
-                return [completion_body(rid, model_name, "", None, chunk=True,
-                                        use=usage(len(ids), len(output.token_ids)))] if include_usage else []
+                if not include_usage:
+                    return []
+                body = completion_body(rid, model_name, "", None, chunk=True, use=usage(len(ids), len(output.token_ids)))
+                body["choices"] = []  # the usage chunk carries no choice, as OpenAI sends it
+                return [body]
 
             return _sse(request, stream, chunk, last, first=None)
         output = await _final_output(request, stream)
@@ -122,6 +123,7 @@ def create_app(loop: EngineLoop, metrics: ServerMetrics, tokenizer: Tokenizer, m
     # ---- helpers (closures over the app's engine loop and settings) ----
 
     async def _parse(request: Request, model: type[BaseModel]):
+        authorize(request)
         raw = await request.body()
         try:
             req = model.model_validate_json(raw or b"null")
@@ -172,18 +174,21 @@ def create_app(loop: EngineLoop, metrics: ServerMetrics, tokenizer: Tokenizer, m
         return stream
 
     async def _final_output(request: Request, stream: Stream) -> RequestOutput:
+        checked = time.monotonic()
         while True:
             try:
                 event = await asyncio.wait_for(stream.events.get(), DISCONNECT_POLL_S)
             except asyncio.TimeoutError:
-                if await request.is_disconnected():
-                    loop.abort(stream)
-                    raise RequestValidationError("client closed the request", None, status=499) from None
-                continue
+                event = None
             if isinstance(event, Finished):
                 if event.output.finish_reason == "error":
                     raise RequestValidationError(event.output.error, None, status=500)
                 return event.output
+            if time.monotonic() - checked >= DISCONNECT_POLL_S:  # tokens arrive every step: check by the clock
+                checked = time.monotonic()
+                if await request.is_disconnected():
+                    loop.abort(stream)
+                    raise RequestValidationError("client closed the request", None, status=499)
 
     def _sse(request: Request, stream: Stream, chunk, last, first) -> StreamingResponse:
         detokenizer = IncrementalDetokenizer(tokenizer, stream.params.stop)

@@ -47,7 +47,10 @@ class Stream:
     done: bool = False
 
     def push(self, event) -> None:
-        self.aio_loop.call_soon_threadsafe(self.events.put_nowait, event)
+        try:
+            self.aio_loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the HTTP side's event loop is closed (shutting down): nobody is listening
+            pass
 
 
 @dataclass
@@ -149,7 +152,11 @@ class EngineLoop:
         while item is not None:
             kind, stream = item
             if kind == "add":
-                stream.request = self.engine.submit(prompt_token_ids=[stream.prompt_ids], sampling=[stream.params])[0]
+                try:
+                    stream.request = self.engine.submit(prompt_token_ids=[stream.prompt_ids], sampling=[stream.params])[0]
+                except Exception as e:  # checked before it got here; should it still be refused, it alone fails
+                    stream.request = Request(-1, stream.prompt_ids, stream.params)
+                    stream.request.fail(f"request refused by the engine: {e}")
                 self._streams.append(stream)
             elif kind == "abort" and stream.request is not None and not stream.request.finished:
                 self.engine.abort([stream.request])
