@@ -32,7 +32,8 @@ class EngineContainer(containers.DeclarativeContainer):
     models = providers.Container(ModelContainer, config=config)
     lookahead_tokens = providers.Callable(
         factories.lookahead_tokens, config.speculative.algorithm,
-        providers.Callable(factories.max_steps, config.speculative.num_steps, config.adaptive))
+        providers.Callable(factories.max_steps, config.speculative.num_steps, config.adaptive),
+        config.speculative.topk, config.speculative.num_draft_tokens)
     cache = providers.Container(
         CacheContainer, config=config.cache, device=models.device, target_model=models.target_model,
         lookahead_tokens=lookahead_tokens,

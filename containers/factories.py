@@ -76,9 +76,14 @@ def model_dtype(name: str) -> str:
     return name
 
 
-def lookahead_tokens(algorithm: str, max_steps: int) -> int:
-    """KV positions a speculative step may write past the committed length (the verify chain)."""
-    return 0 if algorithm == "none" else max_steps + 1
+def lookahead_tokens(algorithm: str, max_steps: int, topk: int = 1, num_draft_tokens: int | None = None) -> int:
+    """KV positions a speculative step may write past the committed length: the verify chain, or a
+    tree's nodes and the draft forwards' frontier nodes."""
+    if algorithm == "none":
+        return 0
+    if topk == 1:
+        return max_steps + 1
+    return max(max_steps + 1, num_draft_tokens, (max_steps - 1) * topk)
 
 
 def max_steps(num_steps: int, adaptive: dict) -> int:
@@ -132,5 +137,3 @@ def draft_vocab_size_of(draft) -> int:
     return draft.draft_vocab_size
 
 
-def draft_state_kind(chain_fast_path: bool) -> str:
-    return "fast" if chain_fast_path else "general"

@@ -88,7 +88,10 @@ class SpeculativeConfig:
     attention_mode: AttentionMode = AttentionMode.prefill
     draft_attention_backend: Optional[AttentionBackendName] = None
     draft_sampling: DraftSampling = DraftSampling.sample
-    chain_fast_path: bool = True  # topk=1: preallocated per-slot draft state (false: per-request tensors)
+    # topk > 1: trees keep the nodes of highest cumulative log-softmax(draft logits / this); 1 = EAGLE-2's
+    # scores. The shipped heads' probabilities are under-confident (top-1 0.38 on average where the
+    # target agrees 0.78 of the time): 0.3 measured best for them.
+    tree_score_temperature: float = 0.3
 
 
 @dataclass

@@ -8,7 +8,7 @@ from engine.attention.registry import BACKENDS
 from engine.models.draft_loader import load_draft
 from engine.runner import ModelRunner
 from engine.speculative.backend_factory import DraftBackendFactory
-from engine.speculative.chain_buffers import ChainBuffers, PerRequestDraftState
+from engine.speculative.chain_buffers import ChainBuffers
 from engine.speculative.draft_worker import EagleDraftWorker
 from engine.speculative.state import SpecRuntimeState
 from engine.speculative.verify_buffers import VerifyBuffers
@@ -55,14 +55,10 @@ class SpeculativeContainer(containers.DeclarativeContainer):
         vocab_size=providers.Callable(factories.draft_vocab_size_of, draft_model),
         dtype=providers.Callable(factories.model_dtype_of, draft_model), device=device,
     )
-    per_request_state = Singleton(PerRequestDraftState)
-    draft_state = providers.Selector(
-        providers.Callable(factories.draft_state_kind, config.speculative.chain_fast_path),
-        fast=chain_buffers, general=per_request_state,
-    )
     draft_worker = Singleton(
-        EagleDraftWorker, draft_runner=draft_runner, req_to_token=req_to_token, buffers=draft_state,
+        EagleDraftWorker, draft_runner=draft_runner, req_to_token=req_to_token, buffers=chain_buffers,
         sampler=sampler, draft_sampling=config.speculative.draft_sampling,
+        tree_score_temperature=config.speculative.tree_score_temperature,
     )
     verify_buffers = providers.Factory(
         VerifyBuffers, max_requests=config.cache.max_running_requests, num_steps=num_steps, device=device,
@@ -70,5 +66,5 @@ class SpeculativeContainer(containers.DeclarativeContainer):
     # everything that depends on the step count, built fresh on each call
     runtime_state = providers.Factory(
         SpecRuntimeState.create, num_steps=num_steps, backend_factory=backend_factory, verify_backend=verify_backend,
-        verify_buffers=verify_buffers,
+        verify_buffers=verify_buffers, topk=config.speculative.topk, num_draft_tokens=config.speculative.num_draft_tokens,
     )

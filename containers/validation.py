@@ -2,6 +2,7 @@
 
 from engine.errors import ConfigError
 from engine.serve.chat_template import ChatTemplate
+from engine.speculative.tree import max_tree_nodes
 from engine.sampling_params import SamplingParams
 from engine.speculative.adaptive.tiers import middle_candidate
 
@@ -36,8 +37,8 @@ def validate_config(config: dict) -> dict:
     spec = config["speculative"]
     _positive(config, "speculative", "num_steps", minimum=0)
     _positive(config, "speculative", "topk", minimum=1)
-    if spec["num_draft_tokens"] is None and spec["topk"] == 1:
-        spec["num_draft_tokens"] = spec["num_steps"] + 1
+    if spec["num_draft_tokens"] is None:  # a chain's nodes; a tree's default: every step's frontier + the root
+        spec["num_draft_tokens"] = spec["num_steps"] * spec["topk"] + 1
     _positive(config, "speculative", "num_draft_tokens", minimum=1)
     if spec["algorithm"] == "none" and spec["num_steps"] != 0:
         raise ConfigError(
@@ -50,9 +51,9 @@ def validate_config(config: dict) -> dict:
             f"draft.kind={config['draft']['kind']!r}; set draft={spec['algorithm']} (allowed: eagle, eagle3)"
         )
     notices = _validate_adaptive(config)
-    if spec["topk"] != 1:
-        raise ConfigError(f"speculative.topk must be 1 (chain drafting), got {spec['topk']}; allowed: 1")
-    if spec["topk"] == 1 and spec["num_draft_tokens"] != spec["num_steps"] + 1:
+    if spec["topk"] > 1:
+        _validate_tree(config)
+    elif spec["num_draft_tokens"] != spec["num_steps"] + 1:
         raise ConfigError(
             f"speculative.num_draft_tokens must equal speculative.num_steps + 1 = {spec['num_steps'] + 1} "
             f"when speculative.topk is 1, got {spec['num_draft_tokens']}"
@@ -75,6 +76,23 @@ def validate_config(config: dict) -> dict:
         _validate_server(config["server"])
     config["notices"] = [*config.get("notices", []), *notices]  # validating again adds none: num_steps is fixed
     return config
+
+
+def _validate_tree(config: dict) -> None:
+    spec = config["speculative"]
+    topk, steps, nodes = spec["topk"], spec["num_steps"], spec["num_draft_tokens"]
+    if spec["algorithm"] == "none":
+        raise ConfigError(f"speculative.topk={topk} drafts trees, which needs speculative decoding, but "
+                          "speculative.algorithm is 'none'; set speculative=eagle3 (or eagle), or topk=1")
+    if steps < 1:
+        raise ConfigError(f"speculative.num_steps must be >= 1 with speculative.topk={topk} (a tree), got {steps}")
+    temperature = spec["tree_score_temperature"]
+    if not isinstance(temperature, (int, float)) or temperature <= 0:
+        raise ConfigError(f"speculative.tree_score_temperature must be > 0 (1 = EAGLE-2's scores), got {temperature!r}")
+    most = max_tree_nodes(topk, steps)
+    if not 2 <= nodes <= most:
+        raise ConfigError(f"speculative.num_draft_tokens must be in 2..{most} with topk={topk} and num_steps={steps} "
+                          f"(the root plus at most topk + (num_steps - 1) * topk^2 proposed nodes), got {nodes}")
 
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")

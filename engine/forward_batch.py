@@ -16,6 +16,9 @@ class ForwardBatch:
     out_cache_loc: torch.Tensor  # [N] KV slots the new tokens write (-1 = skip)
     req_to_token: torch.Tensor  # [R, C] the request-to-token table
     rows: list[int] | None = None  # `req_rows` on the host
+    # tree attention: per-request row-major [E, E] blocks, packed flat (query j sees new token i);
+    # None: causal over the new tokens. Every request sees its whole prefix either way.
+    custom_mask: torch.Tensor | None = None
     # bound by the runner just before the forward
     kv_pool: object = field(default=None, repr=False)
     attn_backend: object = field(default=None, repr=False)
@@ -63,3 +66,18 @@ class ForwardBatch:
         row_t = torch.tensor(rows, dtype=torch.int64, device=device)
         return cls(input_ids, index[0], row_t, list(prefix_lens), extend_lens, out_cache_loc, req_to_token,
                    list(rows))
+
+    @classmethod
+    def for_tree(cls, rows: list[int], tokens: torch.Tensor, prefix_lens: list[int], positions: torch.Tensor,
+                 mask: torch.Tensor, req_to_token: torch.Tensor) -> "ForwardBatch":
+        """Batch of draft-tree nodes: request `rows[i]` extends by tokens[i] ([B, n], same n for all),
+        node j written at column prefix_lens[i] + j of its row, at RoPE position positions[i, j], and
+        seeing its prefix plus the new tokens mask[i, j] allows ([B, n, n] bool)."""
+        device = req_to_token.device
+        b, n = tokens.shape
+        prefix = torch.tensor(prefix_lens, dtype=torch.int64, device=device)
+        row_t = torch.tensor(rows, dtype=torch.int64, device=device)
+        columns = prefix[:, None] + torch.arange(n, device=device)  # [B, n]
+        out_cache_loc = req_to_token[row_t[:, None], columns].reshape(-1)
+        return cls(tokens.reshape(-1), positions.reshape(-1), row_t, list(prefix_lens), [n] * b, out_cache_loc,
+                   req_to_token, list(rows), custom_mask=mask.reshape(-1).contiguous())

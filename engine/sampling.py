@@ -98,9 +98,10 @@ class SamplingBatch:
 
 class Sampler:
     def sample(self, logits: torch.Tensor, batch: SamplingBatch, width: int = 1, offset: int = 0,
-               token_ids: torch.Tensor | None = None) -> torch.Tensor:
+               token_ids: torch.Tensor | None = None, offsets: torch.Tensor | None = None) -> torch.Tensor:
         """logits: [B * width, C], request-major: row b * width + j scores request b's output position
-        positions[b] + offset + j. Returns the chosen column of each row as [B, width].
+        positions[b] + offset + j, or positions[b] + offsets[b, j] when `offsets` [B, width] is given
+        (a draft tree's node depths). Returns the chosen column of each row as [B, width].
 
         Columns are token ids unless `token_ids` [C] names them (a draft vocabulary): the noise is
         keyed by token id, so a drafter sampling its own distribution over its own columns uses the
@@ -113,14 +114,44 @@ class Sampler:
             rows = (rows[:, None] * width + torch.arange(width, device=rows.device)).flatten()
         probs, columns = filtered_sorted(logits[rows], *(t.repeat_interleave(width) for t in
                                                            (batch.temperature, batch.top_k, batch.top_p)))
-        positions = batch.positions[:, None] + offset + torch.arange(width, device=rows.device)  # [S, width]
-        keys = keyed_random.row_keys(batch.words.repeat_interleave(width, dim=0), positions.flatten())
-        if columns is None:  # no filter: every column
-            ids = torch.arange(logits.shape[-1], device=logits.device) if token_ids is None else token_ids
-        else:  # noise only over the support
-            ids = columns if token_ids is None else token_ids[columns]
-        chosen = (probs / keyed_random.exponentials(keys, ids)).argmax(dim=-1, keepdim=True)
+        chosen = self._perturbed(probs, columns, batch, width, offset, offsets, token_ids, logits.shape[-1])
+        chosen = chosen.argmax(dim=-1, keepdim=True)
         if columns is not None:
             chosen = columns.gather(-1, chosen)
         tokens[batch.rows] = chosen.view(-1, width)
         return tokens
+
+    def ranked(self, logits: torch.Tensor, batch: SamplingBatch, offsets: torch.Tensor, k: int,
+               token_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The k distinct columns each row would choose first, best first: [B * width, k]. logits and
+        offsets as in `sample`. A greedy row ranks by logit; a sampled row by p(t) / E(t) with the noise
+        of its position, so its first column is `sample`'s choice and the others follow it in that race
+        (columns outside its support come last). Draft trees propose these as a node's children."""
+        width = offsets.shape[1]
+        ranked = logits.topk(k, dim=-1).indices
+        if batch.all_greedy:
+            return ranked
+        rows = (batch.rows[:, None] * width + torch.arange(width, device=logits.device)).flatten()
+        probs, columns = filtered_sorted(logits[rows], *(t.repeat_interleave(width) for t in
+                                                           (batch.temperature, batch.top_k, batch.top_p)))
+        race = self._perturbed(probs, columns, batch, width, 0, offsets, token_ids, logits.shape[-1])
+        if columns is not None:  # every column: the support's race values, -1 elsewhere
+            race = torch.full((rows.shape[0], logits.shape[-1]), -1.0, device=logits.device).scatter_(1, columns, race)
+        ranked[rows] = race.topk(k, dim=-1).indices
+        return ranked
+
+    @staticmethod
+    def _perturbed(probs, columns, batch: SamplingBatch, width: int, offset: int, offsets, token_ids,
+                   num_columns: int) -> torch.Tensor:
+        """p(t) / E(seed, position, t) over each sampled row's support: [S * width, n]."""
+        if offsets is None:
+            positions = batch.positions[:, None] + offset + torch.arange(width, device=probs.device)  # [S, width]
+        else:
+            positions = batch.positions[:, None] + offsets[batch.rows]
+        keys = keyed_random.row_keys(batch.words.repeat_interleave(width, dim=0), positions.flatten())
+        if columns is None:  # no filter: every column
+            ids = torch.arange(num_columns, device=probs.device) if token_ids is None else token_ids
+        else:  # noise only over the support
+            ids = columns if token_ids is None else token_ids[columns]
+        return probs / keyed_random.exponentials(keys, ids)
+

@@ -3,8 +3,10 @@
 import random
 
 import pytest
+import torch
 
 from conftest import PLAIN, plain_token_ids, spec_overrides
+from engine.sampling import SamplingBatch
 from engine import SamplingParams, build_engine
 
 PROMPTS = ["def add(a, b):", "import os", "class Point:\n    def __init__(self, x, y):", "for", "x = [1, 2, 3]"]
@@ -46,18 +48,29 @@ def test_zero_steps_is_plain_decoding_through_the_same_worker(spec_pair, plain_o
 
 
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
-def test_fast_path_equals_general_path(spec_pair, kind):
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("pair", ["fixture", "shipped"])
+def test_a_tree_of_one_child_per_node_is_the_chain(spec_pair, kind, temperature, pair):
+    """EAGLE-2 expansion with topk = 1 keeps every node: the tree is the chain the chain path drafts
+    (the shipped pair's head reads its context, so a draft step that missed an ancestor shows)."""
     target, heads = spec_pair
-    results = []
-    for fast in ("true", "false"):
-        with build_engine(spec_overrides(target, heads[kind], kind, 3, f"speculative.chain_fast_path={fast}")) as eng:
-            state = type(eng.worker.draft_worker.buffers).__name__
-            outs = eng.generate(PROMPTS, [SamplingParams(max_new_tokens=20, ignore_eos=True),
-                                          SamplingParams(max_new_tokens=20, temperature=1.0, seed=5, ignore_eos=True)] * 2
-                                + [PARAMS])
-            results.append(([o.token_ids for o in outs], eng.metrics()["mean_accept_length"], state))
-    assert results[0][2] == "ChainBuffers" and results[1][2] == "PerRequestDraftState"
-    assert results[0][:2] == results[1][:2]
+    overrides = spec_overrides(target, heads[kind], kind, 4)
+    if pair == "shipped":
+        overrides = [f"speculative={kind}", "adaptive=off", "speculative.num_steps=4"]
+    with build_engine(overrides) as eng:
+        requests = eng.submit(PROMPTS, SamplingParams(max_new_tokens=12, temperature=temperature, seed=3))
+        for _ in range(3):
+            eng.step()
+        running = [r for r in eng.scheduler.running if not r.finished]
+        assert running
+        rows, lens = [r.row for r in running], [r.num_computed for r in running]
+        sampling = SamplingBatch.of_requests(running, torch.device("cpu"))
+        bonus = torch.tensor([r.output_ids[-1] for r in running])
+        chain = eng.worker.draft_worker.draft(rows, lens, sampling)
+        tree = eng.worker.draft_worker.draft_tree(rows, lens, sampling, bonus, topk=1, num_nodes=5)
+        eng.abort(requests)
+    assert torch.equal(tree.tokens[:, 1:], chain) and torch.equal(tree.tokens[:, 0], bonus)
+    assert tree.parents.tolist() == [[-1, 0, 1, 2, 3]] * len(running)
 
 
 def test_stop_inside_accepted_tokens_ends_the_request_there(spec_pair, plain_outputs):

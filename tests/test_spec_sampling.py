@@ -46,15 +46,22 @@ def exact_marginals(target, temperature, top_k, top_p):
 CASES = [(1.0, 0, 1.0), (1.0, 0, 0.8), (0.7, 5, 1.0), (1.5, 6, 0.9)]
 
 
+# chain (topk 1) and EAGLE-2 trees: topk children per expanded node, `nodes` kept (root counted)
+SHAPES = [(1, 3), (2, 6), (4, 12)]
+
+
+@pytest.mark.parametrize("topk,nodes", SHAPES, ids=["chain", "tree2", "tree4"])
 @pytest.mark.parametrize("draft_sampling", ["greedy", "sample"])
 @pytest.mark.parametrize("temperature,top_k,top_p", CASES)
-def test_speculative_sampling_matches_target_distribution(tiny_pair, draft_sampling, temperature, top_k, top_p):
+def test_speculative_sampling_matches_target_distribution(tiny_pair, draft_sampling, temperature, top_k, top_p,
+                                                          topk, nodes):
     target, head = tiny_pair
     expected = exact_marginals(target, temperature, top_k, top_p)
     params = [SamplingParams(max_new_tokens=3, temperature=temperature, top_k=top_k, top_p=top_p, seed=s,
                              ignore_eos=True) for s in range(NUM_SAMPLES)]
     overrides = spec_overrides(target, head, "eagle", 2, f"speculative.draft_sampling={draft_sampling}",
-                               "cache.max_running_requests=512")
+                               "cache.max_running_requests=512", f"speculative.topk={topk}")
+    overrides = [o.replace("num_draft_tokens=3", f"num_draft_tokens={nodes}") for o in overrides]
     with build_engine(overrides) as eng:
         outs = eng.generate(prompt_token_ids=[PROMPT] * NUM_SAMPLES, sampling=params)
         metrics = eng.metrics()

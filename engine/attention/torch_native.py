@@ -65,7 +65,9 @@ class TorchNativeBackend:
         if kv_range is None:
             kv_index = batch.req_to_token[batch.req_rows, :max_kv].clamp(min=0).flatten()  # [B * max_kv]
         causal_offset = None
-        if max_q == 1 and min(seq_lens) == max_kv:
+        if batch.custom_mask is not None:  # tree attention: the whole prefix, then the nodes' own mask
+            mask = _tree_mask(batch, prefix_lens, extend_lens, max_kv, device)
+        elif max_q == 1 and min(seq_lens) == max_kv:
             mask = None  # decode over equal lengths: every key is visible to its query
         elif b == 1:
             mask, causal_offset = None, prefix_lens[0]  # query j sees keys 0..prefix + j: made in `mask_for`
@@ -121,6 +123,22 @@ def _contiguous_run(slots: torch.Tensor) -> tuple[int, int] | None:
     if not torch.equal(slots, torch.arange(first, first + length, dtype=slots.dtype, device=slots.device)):
         return None
     return first, length
+
+
+def _tree_mask(batch: ForwardBatch, prefix_lens: list[int], extend_lens: list[int], max_kv: int,
+               device) -> torch.Tensor:
+    """[B, 1, n, max_kv] bool of a tree batch (every request extends by the same n tokens)."""
+    n = extend_lens[0]
+    if any(e != n for e in extend_lens):
+        raise ValueError(f"a tree batch extends every request by the same number of tokens, got {extend_lens}")
+    b = len(extend_lens)
+    blocks = batch.custom_mask.view(b, n, n).bool()
+    prefix = torch.tensor(prefix_lens, dtype=torch.int64, device=device)
+    kv_idx = torch.arange(max_kv, device=device)
+    mask = (kv_idx[None, None, :] < prefix[:, None, None]).expand(b, n, max_kv).clone()  # [B, n, max_kv]
+    columns = (prefix[:, None] + torch.arange(n, device=device)).clamp(max=max_kv - 1)  # [B, n] the nodes' columns
+    mask.scatter_(2, columns[:, None, :].expand(b, n, n), blocks)
+    return mask[:, None]
 
 
 def _padded_rows(extend_lens: list[int], max_q: int, device) -> torch.Tensor:

@@ -1,10 +1,7 @@
 """Where each running request keeps its draft state between iterations: the draft head's output at
 its last committed row (the hidden state the next draft step reads, and the logits of its first
-proposal), indexed by request-table row.
-
-`ChainBuffers` is the topk=1 fast path: preallocated tensors, one row per request slot, gathered and
-scattered in one op. `PerRequestDraftState` is the general path: a tensor pair per request, stacked
-on load. Both hold the same values, so the two paths emit the same tokens.
+proposal), in preallocated tensors with one row per request slot, gathered and scattered in one op.
+Chains and trees start from the same state: a tree's root is that row.
 """
 
 import torch
@@ -21,16 +18,3 @@ class ChainBuffers:
 
     def load(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.hidden[rows], self.logits[rows]
-
-
-class PerRequestDraftState:
-    def __init__(self):
-        self._state: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-
-    def store(self, rows: torch.Tensor, hidden: torch.Tensor, logits: torch.Tensor) -> None:
-        for i, row in enumerate(rows.tolist()):
-            self._state[row] = (hidden[i].clone(), logits[i].clone())
-
-    def load(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        pairs = [self._state[row] for row in rows.tolist()]
-        return torch.stack([h for h, _ in pairs]), torch.stack([lg for _, lg in pairs])

@@ -6,6 +6,7 @@ from engine.forward_batch import ForwardBatch
 from engine.runner import ModelRunner
 from engine.sampling import Sampler, SamplingBatch
 from engine.speculative.chain_buffers import ChainBuffers
+from engine.speculative.tree import DraftTree, select_tree
 
 
 class EagleDraftWorker:
@@ -13,12 +14,14 @@ class EagleDraftWorker:
     `draft_runner.attn_backend`) are bound from a `SpecRuntimeState` by `bindings.bind_runtime_state`."""
 
     def __init__(self, draft_runner: ModelRunner, req_to_token: torch.Tensor, buffers: ChainBuffers,
-                 sampler: Sampler, draft_sampling: str):
+                 sampler: Sampler, draft_sampling: str, tree_score_temperature: float = 1.0):
         self.draft_runner = draft_runner
         self.sampler = sampler
         self.req_to_token = req_to_token
         self.buffers = buffers
         self.draft_sampling = draft_sampling  # "greedy" | "sample"
+        # trees rank nodes by cumulative log-softmax(logits / this): below 1 sharpens an under-confident head
+        self.tree_score_temperature = tree_score_temperature
         self.num_steps = 0
         self.draft_decode_backend = None
         self.draft_extend_backend = None
@@ -65,3 +68,89 @@ class EagleDraftWorker:
             out = self.draft_runner.forward(batch, attn_backend=backend, features=hidden)
             hidden, logits = out.hidden, out.logits
         return torch.stack(tokens, dim=1)
+
+    def draft_tree(self, rows: list[int], seq_lens: list[int], sampling: SamplingBatch, bonus: torch.Tensor,
+                   topk: int, num_nodes: int) -> DraftTree:
+        """EAGLE-2 dynamic expansion over `num_steps` steps; returns each request's tree of `num_nodes`
+        nodes rooted at its pending `bonus` token [B].
+
+        Step 1 takes the root's `topk` best children; each later step runs the head over the frontier
+        (the `topk` best nodes of the previous step, by cumulative draft log-probability) and proposes
+        `topk` children for each. Every proposed node is a candidate; the tree keeps the root and the
+        best `num_nodes - 1` candidates. Scores are log-probabilities of the head's logits divided by
+        `tree_score_temperature` (1: EAGLE-2's own). Children are the head's `topk` best tokens, or, for sampled
+        requests with `draft_sampling: sample`, its first `topk` in the race the verification's noise
+        runs at that depth (the first of them is the chain's coupled draw).
+
+        A step's forward covers every frontier node so far (later steps recompute the earlier ones,
+        which read the same inputs), each attending to the committed prefix, its ancestors and itself:
+        node i of the forward is written at column L + i (L = seq_lens) and sits at position L + depth - 1."""
+        device = self.req_to_token.device
+        row_t = torch.tensor(rows, dtype=torch.int64, device=device)
+        hidden, logits = self.buffers.load(row_t)  # the root's: [B, H], [B, Vd]
+        b, k = len(rows), topk
+        coupled = self.draft_sampling == "sample" and not sampling.all_greedy
+        columns = self.model.draft_token_ids() if coupled else None
+        prefix = torch.tensor(seq_lens, dtype=torch.int64, device=device)
+
+        def children(node_logits: torch.Tensor, depth: int):  # [B * w, Vd] -> ids, log-probs: [B, w, k]
+            width = node_logits.shape[0] // b
+            logp = (node_logits.float() / self.tree_score_temperature).log_softmax(dim=-1)
+            if coupled:
+                offsets = torch.full((b, width), depth, dtype=torch.int64, device=device)
+                ids = self.sampler.ranked(node_logits, sampling, offsets, k, token_ids=columns)
+            else:
+                ids = logp.topk(k, dim=-1).indices
+            return ids.view(b, width, k), logp.gather(1, ids).view(b, width, k)
+
+        # candidates, in depth order: the root's k children, then k*k per later step
+        num_candidates = k + (self.num_steps - 1) * k * k
+        cand_ids = torch.empty(b, num_candidates, dtype=torch.int64, device=device)  # draft ids
+        cand_scores = torch.empty(b, num_candidates, dtype=torch.float32, device=device)
+        cand_parents = torch.full((b, num_candidates), -1, dtype=torch.int64, device=device)
+        cand_depths = torch.ones(b, num_candidates, dtype=torch.int64, device=device)
+        ids, logp = children(logits, 0)  # the root's children: depth 1
+        cand_ids[:, :k], cand_scores[:, :k] = ids.view(b, k), logp.view(b, k)
+        # the forwards' nodes: frontier after frontier, with their parents' hidden states and their mask
+        most = max(self.num_steps - 1, 0) * k
+        node_ids = torch.empty(b, most, dtype=torch.int64, device=device)
+        node_hidden = torch.empty(b, most, hidden.shape[-1], dtype=hidden.dtype, device=device)
+        node_mask = torch.zeros(b, most, most, dtype=torch.bool, device=device)
+        node_depths = torch.arange(max(self.num_steps - 1, 1), device=device).repeat_interleave(k)  # depth - 1
+        batch_index = torch.arange(b, device=device)[:, None]
+        eye = torch.eye(k, dtype=torch.bool, device=device)
+        frontier = torch.arange(k, device=device).expand(b, k)  # candidate index of each frontier node
+        frontier_hidden = hidden[:, None, :].expand(b, k, hidden.shape[-1])  # each one's parent's hidden
+        frontier_parent = None  # each one's parent among the forward's nodes (None: the root)
+        filled = k
+        for step in range(1, self.num_steps):
+            lo, n = (step - 1) * k, step * k
+            node_ids[:, lo:n] = cand_ids.gather(1, frontier)
+            node_hidden[:, lo:n] = frontier_hidden
+            if frontier_parent is not None:  # a node sees what its parent sees, and itself
+                node_mask[:, lo:n, :lo] = node_mask[batch_index, frontier_parent, :lo]
+            node_mask[:, lo:n, lo:n] = eye
+            batch = ForwardBatch.for_tree(
+                rows, self.model.draft_to_target(node_ids[:, :n]), seq_lens,
+                prefix[:, None] + node_depths[None, :n], node_mask[:, :n, :n], self.req_to_token)
+            last = (batch_index * n + torch.arange(lo, n, device=device)).flatten()
+            out = self.draft_runner.forward(batch, logits_indices=last,
+                                            attn_backend=self.draft_decode_backend.backend_for_step(step - 1),
+                                            features=node_hidden[:, :n].reshape(b * n, -1))
+            step_hidden = out.hidden.view(b, n, -1)[:, lo:]  # [B, k, H] the frontier's outputs
+            ids, logp = children(out.logits, step)  # [B, k, k]
+            scores = (cand_scores.gather(1, frontier)[:, :, None] + logp).view(b, k * k)
+            new = slice(filled, filled + k * k)
+            cand_ids[:, new], cand_scores[:, new] = ids.view(b, k * k), scores
+            cand_parents[:, new] = frontier.repeat_interleave(k, dim=1)
+            cand_depths[:, new] = step + 1
+            if step == self.num_steps - 1:
+                break
+            best = scores.topk(k, dim=1).indices  # [B, k] of the k*k new candidates
+            frontier = filled + best
+            frontier_hidden = step_hidden.gather(1, (best // k)[:, :, None].expand(b, k, step_hidden.shape[-1]))
+            frontier_parent = lo + best // k
+            filled += k * k
+        tree = select_tree(bonus, cand_ids, cand_parents, cand_scores, cand_depths, num_nodes)
+        tree.tokens[:, 1:] = self.model.draft_to_target(tree.tokens[:, 1:])
+        return tree

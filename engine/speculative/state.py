@@ -15,7 +15,8 @@ from engine.speculative.verify_buffers import VerifyBuffers
 @dataclass(frozen=True, eq=False)
 class SpecRuntimeState:
     num_steps: int
-    num_draft_tokens: int  # counts the bonus token: num_steps + 1 (topk 1)
+    num_draft_tokens: int  # counts the bonus token: num_steps + 1 for a chain (topk 1), the tree's nodes otherwise
+    topk: int  # 1: chain drafting; more: EAGLE-2 trees with topk children per expanded node
     draft_decode_backend: MultiStepDraftBackend | None  # None when num_steps <= 1
     draft_extend_backend: object | None  # None: the draft runner keeps the backend it has
     verify_backend: object  # the target backend of the verify forward
@@ -23,9 +24,10 @@ class SpecRuntimeState:
 
     @classmethod
     def create(cls, num_steps: int, backend_factory: DraftBackendFactory, verify_backend,
-               verify_buffers: VerifyBuffers) -> "SpecRuntimeState":
+               verify_buffers: VerifyBuffers, topk: int = 1, num_draft_tokens: int | None = None) -> "SpecRuntimeState":
         if backend_factory.num_steps != num_steps or verify_buffers.num_steps != num_steps:
             raise ValueError(f"runtime state for num_steps={num_steps} built from parts for "
                              f"{backend_factory.num_steps} / {verify_buffers.num_steps} steps")
-        return cls(num_steps, num_steps + 1, backend_factory.create_decode_backend(),
+        nodes = num_steps + 1 if topk == 1 or num_draft_tokens is None else num_draft_tokens
+        return cls(num_steps, nodes, topk, backend_factory.create_decode_backend(),
                    backend_factory.create_draft_extend_backend(), verify_backend, verify_buffers)

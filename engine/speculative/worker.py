@@ -27,7 +27,8 @@ from engine.speculative.deferred_extend import DeferredExtend
 from engine.speculative.draft_worker import EagleDraftWorker
 from engine.speculative.metrics import SpecCounters
 from engine.speculative.state import SpecRuntimeState
-from engine.speculative.verify import accept_lengths
+from engine.speculative.tree import DraftTree
+from engine.speculative.verify import accept_lengths, walk_tree
 
 
 class EagleWorker:
@@ -93,6 +94,8 @@ class EagleWorker:
         seq_lens = [r.num_computed for r in requests]
         sampling = SamplingBatch.of_requests(requests, self.req_to_token.device)
         bonus = torch.tensor([r.output_ids[-1] for r in requests], dtype=torch.int64)
+        if self.state.topk > 1:
+            return self._decode_tree(requests, rows, seq_lens, sampling, bonus, clock)
         if k > 0:
             held = self.deferred.take(rows)
             if held is not None:  # back from 0 steps: bring the draft KV up to date first
@@ -126,6 +129,59 @@ class EagleWorker:
         if self.controller is not None:
             self.controller.observe(b, k, [len(e) - 1 for e in emitted], clock.times)
         return emitted
+
+    def _decode_tree(self, requests: list[Request], rows: list[int], seq_lens: list[int], sampling: SamplingBatch,
+                     bonus: torch.Tensor, clock: "_PhaseClock") -> list[list[int]]:
+        """One tree iteration: draft an EAGLE-2 tree per request, verify all its nodes in one target
+        forward under the tree mask, walk it, move the accepted path's target KV to the committed
+        positions, then draft-extend over that path."""
+        device = self.req_to_token.device
+        tree = self.draft_worker.draft_tree(rows, seq_lens, sampling, bonus.to(device), self.state.topk,
+                                            self.state.num_draft_tokens)
+        clock.lap("draft")
+        b, n = tree.tokens.shape
+        prefix = torch.tensor(seq_lens, dtype=torch.int64, device=device)
+        batch = ForwardBatch.for_tree(rows, tree.tokens, seq_lens, prefix[:, None] + tree.depths,
+                                      tree.ancestor_mask(), self.req_to_token)
+        out = self.target_runner.forward(batch, logits_indices=torch.arange(b * n, device=device),
+                                         attn_backend=self.verify_backend)
+        target = self.sampler.sample(out.logits, sampling, width=n, offsets=tree.depths)  # [B, n]
+        accept_lens, path = walk_tree(tree, target, use_kernel=device.type == "cuda")
+        lens, paths = accept_lens.tolist(), path.tolist()
+        chosen = target.gather(1, path.clamp(min=0)).tolist()
+        emitted = [row[:m] for row, m in zip(chosen, lens)]
+        self._commit_tree_kv(rows, seq_lens, paths, lens)
+        keep = torch.tensor([i * n + paths[i][j] for i in range(b) for j in range(lens[i])], dtype=torch.int64,
+                            device=device)
+        features = self.draft_worker.target_features(out.hidden[keep], [a[keep] for a in out.aux_hidden])
+        for request, tokens_i in zip(requests, emitted):
+            request.num_computed += len(tokens_i)
+            self.counters.record(self.num_steps, len(tokens_i))  # by depth: position i = depth i + 1
+            request.spec_counters.record(self.num_steps, len(tokens_i))
+        clock.lap("verify")
+        self.draft_worker.forward_draft_extend(rows, seq_lens, emitted, features)
+        clock.lap("extend")
+        return emitted
+
+    def _commit_tree_kv(self, rows: list[int], seq_lens: list[int], paths: list[list[int]], lens: list[int]) -> None:
+        """The accepted path's i-th node was verified at column L + path[i]; its target KV belongs at
+        column L + i. Copy it there (every layer) where the two differ; the rest of the tree's columns
+        are overwritten by the next verify and never read before."""
+        table = self.req_to_token
+        src, dst = [], []
+        for row, start, path, m in zip(rows, seq_lens, paths, lens):
+            for i in range(1, m):
+                if path[i] != i:
+                    src.append((row, start + path[i]))
+                    dst.append((row, start + i))
+        if not src:
+            return
+        src_slots = table[[r for r, _ in src], [c for _, c in src]]
+        dst_slots = table[[r for r, _ in dst], [c for _, c in dst]]
+        pool = self.target_runner.kv_pool
+        for layer in range(pool.num_layers):
+            pool.k[layer][dst_slots] = pool.k[layer][src_slots]
+            pool.v[layer][dst_slots] = pool.v[layer][src_slots]
 
     def stats(self) -> dict:
         stats = self.counters.as_dict()

@@ -1,0 +1,80 @@
+"""DraftTree: B draft trees of N nodes each, built by EAGLE-2 dynamic expansion, read by verify and commit.
+
+Node 0 of each tree is its root, the request's pending bonus token at position L; nodes 1..N-1 are
+draft tokens, in depth order (a parent always has a lower index than its child). A node at depth d
+sits at position L + d, and in the verify forward its KV goes to column L + j of the request's row
+(j its index); attention lets each node see the committed prefix, its ancestors and itself.
+
+A chain (topk = 1) is the tree whose node j has parent j - 1; it keeps the chain fast path and never
+builds one of these.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class DraftTree:
+    tokens: torch.Tensor  # [B, N] target token ids; column 0 the root
+    parents: torch.Tensor  # [B, N] int64 node index of each node's parent, -1 at the root
+    depths: torch.Tensor  # [B, N] int64, 0 at the root
+
+    @property
+    def num_nodes(self) -> int:
+        return self.tokens.shape[1]
+
+    def ancestor_mask(self) -> torch.Tensor:
+        """[B, N, N] bool: entry [b, j, i] is True iff node i is node j or one of its ancestors."""
+        return ancestor_mask(self.parents)
+
+    def sibling_links(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(first_child, next_sibling), each [B, N] int64 with -1 for none: the layout of the tree-walk kernel."""
+        b, n = self.parents.shape
+        first_child = torch.full((b, n), -1, dtype=torch.int64, device=self.parents.device)
+        next_sibling = torch.full((b, n), -1, dtype=torch.int64, device=self.parents.device)
+        for j in range(n - 1, 0, -1):  # from the last node down: each parent ends with its first child
+            parent = self.parents[:, j]
+            next_sibling[:, j] = first_child.gather(1, parent[:, None])[:, 0]
+            first_child.scatter_(1, parent[:, None], j)
+        return first_child, next_sibling
+
+
+def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
+    """parents: [B, N] (-1 = root) -> [B, N, N] ancestor-or-self mask, by walking every node up one
+    level at a time (as many rounds as the deepest node's depth)."""
+    b, n = parents.shape
+    mask = torch.eye(n, dtype=torch.bool, device=parents.device).repeat(b, 1, 1)
+    up = parents  # [B, N] each node's ancestor at the current round, -1 once past the root
+    while bool((up >= 0).any()):
+        column = up.clamp(min=0)[:, :, None]
+        mask.scatter_(2, column, mask.gather(2, column) | (up >= 0)[:, :, None])
+        up = torch.where(up >= 0, parents.gather(1, up.clamp(min=0)), up)
+    return mask
+
+
+def select_tree(roots: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor,
+                depths: torch.Tensor, num_nodes: int) -> DraftTree:
+    """Keep the root and the `num_nodes - 1` best candidates by cumulative draft log-probability.
+
+    roots [B]; tokens, parents, scores, depths: [B, M] candidates laid out in depth order, parents
+    indexing candidates (-1 = the root). A child's score never exceeds its parent's, and ties go to
+    the earlier (shallower) candidate, so the kept set holds every kept node's ancestors."""
+    order = scores.sort(dim=1, descending=True, stable=True).indices[:, : num_nodes - 1]
+    kept = order.sort(dim=1).values  # [B, N-1] back in depth order
+    b, m = tokens.shape
+    node_of = torch.full((b, m), -1, dtype=torch.int64, device=tokens.device)  # candidate -> tree index
+    node_of.scatter_(1, kept, torch.arange(1, num_nodes, device=tokens.device).expand(b, -1))
+    cand_parent = parents.gather(1, kept)
+    tree_parent = torch.where(cand_parent >= 0, node_of.gather(1, cand_parent.clamp(min=0)), 0)
+    zero = torch.zeros(b, 1, dtype=torch.int64, device=tokens.device)
+    return DraftTree(
+        tokens=torch.cat([roots[:, None], tokens.gather(1, kept)], dim=1),
+        parents=torch.cat([zero - 1, tree_parent], dim=1),
+        depths=torch.cat([zero, depths.gather(1, kept)], dim=1),
+    )
+
+
+def max_tree_nodes(topk: int, num_steps: int) -> int:
+    """Nodes EAGLE-2 expansion can propose, the root counted: topk at the first step, topk^2 at each later one."""
+    return 1 + topk + (num_steps - 1) * topk * topk
