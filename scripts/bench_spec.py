@@ -1,7 +1,10 @@
 """Speculative vs plain decoding on held-out standard-library prompts, with the shipped pair.
 
     python scripts/bench_spec.py                          # EAGLE-3, k = 1..6, T=0, batch 1, 20 prompts x 128 tokens
-    python scripts/bench_spec.py --kind eagle --ks 2,4 --temperature 1.0
+    python scripts/bench_spec.py --kind eagle --ks 2,4 --trees 5:4:16 --temperature 1.0
+
+Beside the chains, EAGLE-2 trees (`--trees steps:topk:nodes,...`) get the same columns (acceptance
+by depth; t_draft is the tree's draft phase per cycle / steps) and their ratios to the fastest chain.
 
 For each k, in one run: tau (tokens per verify cycle, bonus included), per-position acceptance
 (unconditional: accepted at position i / cycles), plain and speculative tokens/s and the speedup;
@@ -154,15 +157,17 @@ def plain(args, prompts, params):
         return tokens / seconds, timer.mean("target_forward"), timer.floor("target_forward")
 
 
-def speculative(args, prompts, params, k):
+def speculative(args, prompts, params, k, topk=1, nodes=None):
+    """A chain of k steps, or (topk > 1) an EAGLE-2 tree of `nodes` nodes grown over k steps."""
+    nodes = k + 1 if topk == 1 else nodes
     overrides = [f"speculative={args.kind}", f"draft={args.kind}", "adaptive=off", f"speculative.num_steps={k}",
-                 f"speculative.num_draft_tokens={k + 1}", *args.override]
+                 f"speculative.topk={topk}", f"speculative.num_draft_tokens={nodes}", *args.override]
     with build_engine(overrides) as eng, GemmRecorder() as gemms:
         timer = PhaseTimer(gemms)
         worker, draft = eng.worker, eng.worker.draft_worker
         timer.wrap(worker, "prefill", "prefill", set_phase="prefill")
         timer.wrap(worker.target_runner, "forward", "verify")
-        timer.wrap(draft, "draft", "draft")
+        timer.wrap(draft, "draft" if topk == 1 else "draft_tree", "draft")
         timer.wrap(draft, "forward_draft_extend", "extend")
         timer.wrap(draft.draft_runner, "forward", "draft_forward")
         run(eng, prompts[:2], params, args.batch_size)
@@ -181,7 +186,7 @@ def speculative(args, prompts, params, k):
     draft_forwards = timer.count[("decode", "draft_forward")] - timer.count[("decode", "extend")]
     draft_forward_time = timer.total[("decode", "draft_forward")] - timer.total[("decode", "extend")]
     return {
-        "k": k, "tau": tau, "accept_per_position": positions, "tokens_per_s": tokens / seconds,
+        "k": k, "topk": topk, "nodes": nodes, "label": str(k) if topk == 1 else f"{k}x{topk}/{nodes}", "tau": tau, "accept_per_position": positions, "tokens_per_s": tokens / seconds,
         "t_verify": timer.mean("verify"), "t_extend": timer.mean("extend"),
         "t_draft": timer.mean("draft") / k,  # draft phase per cycle / k (k proposals, k - 1 forwards)
         "floor_verify": floors["verify"], "floor_draft": floors["draft"], "floor_extend": floors["extend"],
@@ -193,6 +198,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--kind", default="eagle3", choices=["eagle", "eagle3"])
     p.add_argument("--ks", default="1,2,3,4,5,6")
+    p.add_argument("--trees", default="5:2:8,5:4:16,5:8:16,6:4:24",
+                   help="EAGLE-2 tree shapes num_steps:topk:num_draft_tokens, comma-separated ('' for none)")
     p.add_argument("--num-prompts", type=int, default=20)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
@@ -208,27 +215,39 @@ def main() -> None:
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=0, ignore_eos=True)
     plain_tps, t_decode, floor_decode = plain(args, prompts, params)
     rows = [speculative(args, prompts, params, int(k)) for k in args.ks.split(",")]
+    chains = list(rows)
+    for shape in filter(None, args.trees.split(",")):
+        steps, topk, nodes = (int(v) for v in shape.split(":"))
+        rows.append(speculative(args, prompts, params, steps, topk, nodes))
     print(f"{args.kind}, {len(prompts)} held-out prompts x {args.max_new_tokens} new tokens, T={args.temperature}, "
           f"batch {args.batch_size}; plain decoding {plain_tps:.1f} tok/s, target decode step {t_decode * 1e3:.2f} ms")
     print("tau: tokens per verify cycle (bonus included); acceptance per position: accepted at i / cycles")
-    header = (f"{'k':>2} {'tau':>5} {'spec tok/s':>10} {'speedup':>7} {'t_verify':>8} {'t_draft':>7} "
+    print("rows: k (a chain of k draft steps) or steps x topk / nodes (an EAGLE-2 tree; acceptance by depth)")
+    header = (f"{'k':>9} {'tau':>5} {'spec tok/s':>10} {'speedup':>7} {'t_verify':>8} {'t_draft':>7} "
               f"{'t_extend':>8} {'ideal':>6} {'effic.':>6}  acceptance per position")
     print(header)
     for r in rows:
         ideal = r["tau"] * t_decode / (r["t_verify"] + r["k"] * r["t_draft"] + r["t_extend"])
         r.update(speedup=r["tokens_per_s"] / plain_tps, ideal_speedup=ideal)
         r["efficiency"] = r["speedup"] / ideal
-        print(f"{r['k']:>2} {r['tau']:>5.2f} {r['tokens_per_s']:>10.1f} {r['speedup']:>6.2f}x "
+        print(f"{r['label']:>9} {r['tau']:>5.2f} {r['tokens_per_s']:>10.1f} {r['speedup']:>6.2f}x "
               f"{r['t_verify'] * 1e3:>6.2f}ms {r['t_draft'] * 1e3:>5.2f}ms {r['t_extend'] * 1e3:>6.2f}ms "
               f"{ideal:>5.2f}x {r['efficiency']:>6.2f}  " + " ".join(f"{a:.2f}" for a in r["accept_per_position"]))
     print("floors (GEMMs of the phase alone, replayed after the run) and overhead above them, per phase:")
-    print(f"{'k':>2} {'phase':>8} {'time':>8} {'floor':>8} {'overhead':>8} {'floor share':>11}")
+    print(f"{'k':>9} {'phase':>8} {'time':>8} {'floor':>8} {'overhead':>8} {'floor share':>11}")
     ms = lambda t: f"{t * 1e3:6.2f}ms"  # noqa: E731
     phases = [(None, "decode", t_decode, floor_decode)] + [
-        (r["k"], name, r[f"t_{name}"], r[f"floor_{name}"]) for r in rows for name in ("verify", "draft", "extend")]
+        (r["label"], name, r[f"t_{name}"], r[f"floor_{name}"]) for r in rows for name in ("verify", "draft", "extend")]
     for k, name, t, f in phases:
-        print(f"{'-' if k is None else k:>2} {name:>8} {ms(t):>8} {ms(f):>8} {ms(t - f):>8} {f / t:>11.2f}")
-    step = [r["t_draft_forward"] for r in rows if r["t_draft_forward"] == r["t_draft_forward"]]
+        print(f"{'-' if k is None else k:>9} {name:>8} {ms(t):>8} {ms(f):>8} {ms(t - f):>8} {f / t:>11.2f}")
+    trees = [r for r in rows if r["topk"] > 1]
+    if trees:
+        best = max(chains, key=lambda r: r["tokens_per_s"])
+        print(f"trees against the fastest chain (k={best['k']}, {best['tokens_per_s']:.1f} tok/s, tau {best['tau']:.2f}):")
+        for r in trees:
+            print(f"  {r['label']:>9}: tokens/s x{r['tokens_per_s'] / best['tokens_per_s']:.2f}, "
+                  f"tau x{r['tau'] / best['tau']:.2f}")
+    step = [r["t_draft_forward"] for r in rows if r["topk"] == 1 and r["t_draft_forward"] == r["t_draft_forward"]]
     if step:
         print(f"one draft forward step: {sum(step) / len(step) * 1e3:.2f} ms = "
               f"{sum(step) / len(step) / t_decode:.3f} of a target decode step (times in ms, means over the decode phase)")
@@ -243,6 +262,8 @@ def main() -> None:
 def plot(args, rows: list[dict], path: Path) -> None:
     """Speedup (measured and ideal) and tau against k, and acceptance by position for each k."""
     plt = pyplot()
+    trees = [r for r in rows if r["topk"] > 1]
+    rows = [r for r in rows if r["topk"] == 1]
     ks = [r["k"] for r in rows]
     fig, (ax_speed, ax_tau, ax_accept) = plt.subplots(1, 3, figsize=(15, 4))
     ax_speed.plot(ks, [r["speedup"] for r in rows], marker="o", label="measured")
@@ -250,13 +271,19 @@ def plot(args, rows: list[dict], path: Path) -> None:
     ax_speed.axhline(1.0, color="black", linewidth=0.8)
     ax_speed.set_title("speedup over plain decoding")
     ax_speed.legend(fontsize=8)
-    ax_tau.plot(ks, [r["tau"] for r in rows], marker="o")
+    ax_tau.plot(ks, [r["tau"] for r in rows], marker="o", label="chain")
+    for i, r in enumerate(trees):  # a tree at its step count
+        ax_speed.plot([r["k"]], [r["speedup"]], marker="*", markersize=12, linestyle="", color=f"C{i + 2}",
+                      label=f"tree {r['label']}")
+        ax_tau.plot([r["k"]], [r["tau"]], marker="*", markersize=12, linestyle="", color=f"C{i + 2}",
+                    label=f"tree {r['label']}")
     ax_tau.set_title("tau (tokens per verify cycle)")
+    ax_tau.legend(fontsize=8)
     for i, r in enumerate(rows):
         ax_accept.plot(range(1, len(r["accept_per_position"]) + 1), r["accept_per_position"], marker="o",
                        color=f"C{i % 10}", label=f"k={r['k']}")
     ax_accept.set_title("acceptance by position")
-    ax_accept.set_xticks(range(1, max(ks) + 1))
+    ax_accept.set_xticks(range(1, max(ks + [r["k"] for r in trees]) + 1))
     ax_accept.set_ylim(0, 1.02)
     ax_accept.legend(fontsize=8)
     for ax in (ax_speed, ax_tau):

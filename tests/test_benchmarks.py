@@ -27,15 +27,17 @@ def test_bench_peers_eyas_rows(tmp_path):
 
 
 def test_bench_spec_prints_phase_floors(tmp_path):
-    out = run_script("bench_spec.py", "--ks", "2", "--num-prompts", "2", "--max-new-tokens", "8",
+    out = run_script("bench_spec.py", "--ks", "2", "--trees", "3:2:5", "--num-prompts", "2", "--max-new-tokens", "8",
                      "--json", str(tmp_path / "spec.json"), "--plot", str(tmp_path / "spec.png"))
     assert "floors (GEMMs of the phase alone" in out
+    assert "trees against the fastest chain (k=2" in out and "3x2/5: tokens/s x" in out
     assert (tmp_path / "spec.png").stat().st_size > 5000
     result = json.loads((tmp_path / "spec.json").read_text())
-    row = result["rows"][0]
+    assert [(r["k"], r["topk"], r["nodes"]) for r in result["rows"]] == [(2, 1, 3), (3, 2, 5)]
     # every phase recorded GEMMs to replay (no values compared: times belong to the printed table)
-    for phase in ("verify", "draft", "extend"):
-        assert math.isfinite(row[f"floor_{phase}"]) and row[f"floor_{phase}"] > 0, (phase, row)
+    for row in result["rows"]:
+        for phase in ("verify", "draft", "extend"):
+            assert math.isfinite(row[f"floor_{phase}"]) and row[f"floor_{phase}"] > 0, (phase, row)
     assert math.isfinite(result["floor_decode"]) and result["floor_decode"] > 0
 
 
