@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
 
@@ -67,6 +69,7 @@ def test_bench_adaptive_charts_the_choices(tmp_path):
     assert (tmp_path / "adaptive.png").stat().st_size > 5000
 
 
+@pytest.mark.slow  # two servers start: about 40 s
 def test_bench_serve_compares_both_servers(tmp_path):
     plot = tmp_path / "serve.png"
     out = run_script("bench_serve.py", "--rates", "8,inf", "--num-requests", "4", "--max-tokens", "8",

@@ -46,13 +46,16 @@ def exact_marginals(target, temperature, top_k, top_p):
 CASES = [(1.0, 0, 1.0), (1.0, 0, 0.8), (0.7, 5, 1.0), (1.5, 6, 0.9)]
 
 
-# chain (topk 1) and EAGLE-2 trees: topk children per expanded node, `nodes` kept (root counted)
-SHAPES = [(1, 3), (2, 6), (4, 12)]
+# chain (topk 1) and EAGLE-2 trees: topk children per expanded node, `nodes` kept (root counted);
+# trees run the unfiltered and the fully filtered case by default, the other two with -m slow
+SHAPES = {"chain": (1, 3), "tree2": (2, 6), "tree4": (4, 12)}
+RUNS = [pytest.param(*case, *shape, id=f"{'-'.join(map(str, case))}-{name}",
+                     marks=[pytest.mark.slow] if name != "chain" and case in CASES[1:3] else [])
+        for name, shape in SHAPES.items() for case in CASES]
 
 
-@pytest.mark.parametrize("topk,nodes", SHAPES, ids=["chain", "tree2", "tree4"])
 @pytest.mark.parametrize("draft_sampling", ["greedy", "sample"])
-@pytest.mark.parametrize("temperature,top_k,top_p", CASES)
+@pytest.mark.parametrize("temperature,top_k,top_p,topk,nodes", RUNS)
 def test_speculative_sampling_matches_target_distribution(tiny_pair, draft_sampling, temperature, top_k, top_p,
                                                           topk, nodes):
     target, head = tiny_pair
