@@ -15,7 +15,7 @@ alternates from rate to rate. Per server and rate it reports:
   tokens in one chunk, so eyas has fewer, longer gaps than one-token-per-chunk servers);
 - how many greedy texts equal the other server's for the same prompt.
 
-    python scripts/bench_serve.py                       # rates 1, 4, 16, inf; 32 requests of 64 tokens
+    python scripts/bench_serve.py                       # rates 2, 8, 32, inf; 64 requests of 128 tokens
     python scripts/bench_serve.py --rates 2,inf --num-requests 16 --max-tokens 32 --plot bench_serve.png
 
 Needs `pip install '.[serve,bench]'` (fastapi, uvicorn and accelerate for `transformers serve`, the
@@ -47,9 +47,9 @@ SYSTEMS = ("eyas", "transformers")
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rates", default="1,4,16,inf", help="requests per second, comma-separated; inf: all at once")
-    p.add_argument("--num-requests", type=int, default=32)
-    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--rates", default="2,8,32,inf", help="requests per second, comma-separated; inf: all at once")
+    p.add_argument("--num-requests", type=int, default=64)
+    p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--seed", type=int, default=0, help="seeds the arrival times")
     p.add_argument("--eyas-overrides", default="", help="extra `key=value` overrides for python -m engine.serve")
     p.add_argument("--out", type=Path, default=Path("bench_serve_out"), help="where bench_serve.json goes")
