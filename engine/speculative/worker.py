@@ -147,12 +147,12 @@ class EagleWorker:
                                          attn_backend=self.verify_backend)
         target = self.sampler.sample(out.logits, sampling, width=n, offsets=tree.depths)  # [B, n]
         accept_lens, path = walk_tree(tree, target, use_kernel=device.type == "cuda")
-        lens, paths = accept_lens.tolist(), path.tolist()
+        lens = accept_lens.tolist()
         chosen = target.gather(1, path.clamp(min=0)).tolist()
         emitted = [row[:m] for row, m in zip(chosen, lens)]
-        self._commit_tree_kv(rows, seq_lens, paths, lens)
-        keep = torch.tensor([i * n + paths[i][j] for i in range(b) for j in range(lens[i])], dtype=torch.int64,
-                            device=device)
+        on_path = path >= 0  # [B, n]: the path's nodes, root first, then padding
+        self._commit_tree_kv(batch.req_rows, prefix, path, on_path)
+        keep = (torch.arange(b, device=device)[:, None] * n + path)[on_path]  # packed rows of the path's nodes
         features = self.draft_worker.target_features(out.hidden[keep], [a[keep] for a in out.aux_hidden])
         for request, tokens_i in zip(requests, emitted):
             request.num_computed += len(tokens_i)
@@ -163,25 +163,21 @@ class EagleWorker:
         clock.lap("extend")
         return emitted
 
-    def _commit_tree_kv(self, rows: list[int], seq_lens: list[int], paths: list[list[int]], lens: list[int]) -> None:
+    def _commit_tree_kv(self, rows: torch.Tensor, prefix: torch.Tensor, path: torch.Tensor,
+                        on_path: torch.Tensor) -> None:
         """The accepted path's i-th node was verified at column L + path[i]; its target KV belongs at
         column L + i. Copy it there (every layer) where the two differ; the rest of the tree's columns
-        are overwritten by the next verify and never read before."""
-        table = self.req_to_token
-        src, dst = [], []
-        for row, start, path, m in zip(rows, seq_lens, paths, lens):
-            for i in range(1, m):
-                if path[i] != i:
-                    src.append((row, start + path[i]))
-                    dst.append((row, start + i))
-        if not src:
+        are overwritten by the next verify and never read before. rows, prefix: [B]; path, on_path: [B, n]."""
+        moved = on_path & (path != torch.arange(path.shape[1], device=path.device))  # [B, n]
+        if not bool(moved.any()):
             return
-        src_slots = table[[r for r, _ in src], [c for _, c in src]]
-        dst_slots = table[[r for r, _ in dst], [c for _, c in dst]]
+        table_rows = rows[:, None].expand_as(path)[moved]
+        src = self.req_to_token[table_rows, (prefix[:, None] + path)[moved]]
+        dst = self.req_to_token[table_rows, (prefix[:, None] + torch.arange(path.shape[1], device=path.device))[moved]]
         pool = self.target_runner.kv_pool
-        for layer in range(pool.num_layers):
-            pool.k[layer][dst_slots] = pool.k[layer][src_slots]
-            pool.v[layer][dst_slots] = pool.v[layer][src_slots]
+        for layer in range(pool.num_layers):  # reads happen before writes: overlapping moves are safe
+            pool.k[layer][dst] = pool.k[layer][src]
+            pool.v[layer][dst] = pool.v[layer][src]
 
     def stats(self) -> dict:
         stats = self.counters.as_dict()
