@@ -9,8 +9,8 @@ from engine.speculative.state import SpecRuntimeState
 
 
 def live_bindings(container) -> BindingGuard:
-    """Snapshots the live EagleWorker's bindings, if it has been built."""
-    worker = container.eagle_worker
+    """Snapshots the live SpeculativeWorker's bindings, if it has been built."""
+    worker = container.spec_worker
 
     def snapshot():
         return (worker(), snapshot_bindings(worker())) if worker.built else None
@@ -41,7 +41,7 @@ def build_candidate_states(container, candidates: list[int]) -> dict[int, SpecRu
     """The live worker's state plus one state per other candidate. The live worker is built first,
     outside any scope, so every shared singleton (models, pools, draft state) is built with the
     configured values."""
-    live = container.eagle_worker()
+    live = container.spec_worker()
     states = {live.state.num_steps: live.state}
     for k in candidates:
         if k not in states:

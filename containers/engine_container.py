@@ -20,7 +20,7 @@ from engine.speculative.adaptive.controller import AdaptiveController
 from engine.speculative.adaptive.ema import EmaPolicy
 from engine.speculative.adaptive.throughput import ThroughputPolicy
 from engine.speculative.adaptive.tiers import build_tiers
-from engine.speculative.worker import EagleWorker
+from engine.speculative.worker import SpeculativeWorker
 from engine.stopping import StopChecker
 from engine.worker import DecodeWorker
 
@@ -56,8 +56,8 @@ class EngineContainer(containers.DeclarativeContainer):
         sampler=sampler,
     )
     decode_worker = Singleton(DecodeWorker, runner=target_runner, req_to_token=req_to_token, sampler=sampler)
-    eagle_worker = Singleton(
-        EagleWorker, target_runner=target_runner, draft_worker=speculative.draft_worker, req_to_token=req_to_token,
+    spec_worker = Singleton(
+        SpeculativeWorker, target_runner=target_runner, drafter=speculative.drafter, req_to_token=req_to_token,
         sampler=sampler, initial_state=speculative.runtime_state,
     )
 
@@ -79,14 +79,15 @@ class EngineContainer(containers.DeclarativeContainer):
         build_candidate_states, __self__, providers.Callable(factories.adaptive_candidates, config.adaptive),
     )
     adaptive_worker = Singleton(
-        factories.enable_adaptive, worker=eagle_worker, states=candidate_states, controller=adaptive_controller,
+        factories.enable_adaptive, worker=spec_worker, states=candidate_states, controller=adaptive_controller,
     )
     speculative_worker = providers.Selector(
-        config.adaptive.policy, off=eagle_worker, ema=adaptive_worker, throughput=adaptive_worker,
+        config.adaptive.policy, off=spec_worker, ema=adaptive_worker, throughput=adaptive_worker,
     )
     # the draft head must load before the target runs: it chooses which target layers to capture
     worker = providers.Selector(
         config.speculative.algorithm, none=decode_worker, eagle=speculative_worker, eagle3=speculative_worker,
+        ngram=speculative_worker,
     )
     scheduler = Singleton(
         Scheduler, kv=cache.manager, max_running_requests=config.cache.max_running_requests,

@@ -40,6 +40,7 @@ class SpeculativeAlgorithm(str, Enum):
     none = "none"
     eagle = "eagle"
     eagle3 = "eagle3"
+    ngram = "ngram"
 
 
 class DraftKind(str, Enum):
@@ -92,6 +93,9 @@ class SpeculativeConfig:
     # scores. The shipped heads' probabilities are under-confident (top-1 0.38 on average where the
     # target agrees 0.78 of the time): 0.3 measured best for them.
     tree_score_temperature: float = 0.3
+    # ngram: the request's suffix matched against its own earlier tokens, longest first, min..max tokens
+    ngram_min_match: int = 1
+    ngram_max_match: int = 4
 
 
 @dataclass

@@ -10,6 +10,7 @@ from engine.runner import ModelRunner
 from engine.speculative.backend_factory import DraftBackendFactory
 from engine.speculative.chain_buffers import ChainBuffers
 from engine.speculative.draft_worker import EagleDraftWorker
+from engine.speculative.ngram_drafter import NgramDrafter
 from engine.speculative.state import SpecRuntimeState
 from engine.speculative.verify_buffers import VerifyBuffers
 
@@ -37,7 +38,7 @@ class SpeculativeContainer(containers.DeclarativeContainer):
         factories.attention_backend, providers.Object(BACKENDS), config.attention.backend, draft_head_dim,
     )
     draft_runner = Singleton(ModelRunner, model=draft_model, kv_pool=draft_pool, attn_backend=draft_runner_backend)
-    backend_factory = providers.Factory(
+    head_backend_factory = providers.Factory(
         DraftBackendFactory,
         backend_classes=providers.Object(BACKENDS),
         head_dim=draft_head_dim,
@@ -55,10 +56,22 @@ class SpeculativeContainer(containers.DeclarativeContainer):
         vocab_size=providers.Callable(factories.draft_vocab_size_of, draft_model),
         dtype=providers.Callable(factories.model_dtype_of, draft_model), device=device,
     )
-    draft_worker = Singleton(
+    eagle_drafter = Singleton(
         EagleDraftWorker, draft_runner=draft_runner, req_to_token=req_to_token, buffers=chain_buffers,
         sampler=sampler, draft_sampling=config.speculative.draft_sampling,
         tree_score_temperature=config.speculative.tree_score_temperature,
+    )
+    ngram_drafter = Singleton(
+        NgramDrafter, min_match=config.speculative.ngram_min_match, max_match=config.speculative.ngram_max_match,
+        max_branches=config.speculative.topk, device=device,
+    )
+    # the drafter `speculative.algorithm` names; n-gram loads no draft model and has no draft backends
+    drafter = providers.Selector(
+        config.speculative.algorithm, eagle=eagle_drafter, eagle3=eagle_drafter, ngram=ngram_drafter,
+    )
+    backend_factory = providers.Selector(
+        config.speculative.algorithm, eagle=head_backend_factory, eagle3=head_backend_factory,
+        ngram=providers.Object(None),
     )
     verify_buffers = providers.Factory(
         VerifyBuffers, max_requests=config.cache.max_running_requests, num_steps=num_steps, device=device,

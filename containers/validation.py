@@ -7,6 +7,9 @@ from engine.sampling_params import SamplingParams
 from engine.speculative.adaptive.tiers import middle_candidate
 
 
+# the draft model each speculative algorithm loads (none: no draft model)
+DRAFT_KIND = {"none": "none", "eagle": "eagle", "eagle3": "eagle3", "ngram": "none"}
+
 # metrics a run can return to a sweeper -> whether only speculative runs have it
 OBJECTIVES = {"tokens_per_s": False, "generated_tokens": False, "generate_time_s": False, "forward_steps": False,
               "mean_accept_length": True, "draft_accept_rate": True}
@@ -45,11 +48,14 @@ def validate_config(config: dict) -> dict:
             f"speculative.num_steps must be 0 when speculative.algorithm is 'none', got {spec['num_steps']}; "
             "choose a speculative algorithm to draft tokens"
         )
-    if spec["algorithm"] != "none" and config["draft"]["kind"] != spec["algorithm"]:
+    head = DRAFT_KIND[spec["algorithm"]]
+    if config["draft"]["kind"] != head:
         raise ConfigError(
-            f"speculative.algorithm={spec['algorithm']!r} needs a draft head of the same kind, but "
-            f"draft.kind={config['draft']['kind']!r}; set draft={spec['algorithm']} (allowed: eagle, eagle3)"
+            f"speculative.algorithm={spec['algorithm']!r} needs draft.kind={head!r}, got "
+            f"draft.kind={config['draft']['kind']!r}; set draft={spec['algorithm']} or leave the draft group unset"
         )
+    if spec["algorithm"] == "ngram":
+        _validate_ngram(spec)
     notices = _validate_adaptive(config)
     if spec["topk"] > 1:
         _validate_tree(config)
@@ -76,6 +82,15 @@ def validate_config(config: dict) -> dict:
         _validate_server(config["server"])
     config["notices"] = [*config.get("notices", []), *notices]  # validating again adds none: num_steps is fixed
     return config
+
+
+def _validate_ngram(spec: dict) -> None:
+    low, high = spec["ngram_min_match"], spec["ngram_max_match"]
+    if not isinstance(low, int) or low < 1:
+        raise ConfigError(f"speculative.ngram_min_match must be an integer >= 1, got {low!r}")
+    if not isinstance(high, int) or high < low:
+        raise ConfigError(f"speculative.ngram_max_match must be an integer >= speculative.ngram_min_match ({low}), "
+                          f"got {high!r}")
 
 
 def _validate_tree(config: dict) -> None:

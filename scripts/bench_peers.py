@@ -14,7 +14,8 @@ waves, prefill included. Each system's greedy ids are compared with eyas plain's
 Systems (`--systems`, short names): ct2 (CTranslate2, converted here from the same checkpoint),
 hf (transformers `generate`), hf_lookup (prompt lookup, 10 tokens), hf_assisted (the shipped draft
 LM as assistant model), eyas (plain decoding), eyas_spec (default config: EAGLE-3, k = 3),
-eyas_adaptive (`adaptive=throughput`). transformers' prompt lookup and assisted generation run at
+eyas_adaptive (`adaptive=throughput`), eyas_ngram (`speculative=ngram`: prompt lookup; its ratio to
+transformers' prompt lookup is printed too). transformers' prompt lookup and assisted generation run at
 batch 1 only. Needs the optional packages: pip install '.[bench]'.
 """
 
@@ -43,10 +44,12 @@ from engine.tokenizer import Tokenizer  # noqa: E402
 
 SYSTEMS = {"ct2": "ct2 plain", "hf": "transformers plain", "hf_lookup": "transformers prompt lookup",
            "hf_assisted": "transformers assisted", "eyas": "eyas plain", "eyas_spec": "eyas default",
-           "eyas_adaptive": "eyas adaptive"}
+           "eyas_adaptive": "eyas adaptive", "eyas_ngram": "eyas n-gram"}
 BATCH1_ONLY = {"hf_lookup", "hf_assisted"}
 EYAS_OVERRIDES = {"eyas": ["speculative=none", "draft=none"], "eyas_spec": [],
-                  "eyas_adaptive": ["adaptive=throughput"]}
+                  "eyas_adaptive": ["adaptive=throughput"], "eyas_ngram": ["speculative=ngram"]}
+# eyas drafters and the transformers peer that drafts the same way: their ratio is printed per batch
+PEERS = {"eyas_ngram": "hf_lookup"}
 
 
 def parse_args() -> argparse.Namespace:
@@ -184,6 +187,12 @@ def summarize(args, results: dict) -> list[dict]:
     return rows
 
 
+def peer_ratios(results: dict) -> list[dict]:
+    """Each eyas drafter against the transformers system that drafts the same way, where both ran."""
+    return [dict(batch=b, system=SYSTEMS[ours], peer=SYSTEMS[peer], ratio=res[ours][0] / res[peer][0])
+            for b, res in results.items() for ours, peer in PEERS.items() if ours in res and peer in res]
+
+
 def print_tables(rows: list[dict], base: str) -> None:
     fmt = lambda x, spec: "-" if x is None else format(x, spec)  # noqa: E731
     for b in dict.fromkeys(r["batch"] for r in rows):
@@ -257,10 +266,13 @@ def main() -> None:
     rows = summarize(args, results)
     print("\nRatios were measured in this run, on this machine; they do not transfer to other hardware.")
     print_tables(rows, base)
+    pairs = peer_ratios(results)
+    for r in pairs:
+        print(f"batch {r['batch']}: {r['system']} / {r['peer']} = {r['ratio']:.2f}x tok/s")
     args.out.mkdir(parents=True, exist_ok=True)
     meta = dict(threads=torch.get_num_threads(), ct2_threads=args.ct2_threads, max_new_tokens=n, rounds=args.rounds, num_prompts=args.num_prompts,
                 batch_sizes=args.batch_sizes, load_average_at_start=load)
-    (args.out / "bench_peers.json").write_text(json.dumps({**meta, "rows": rows}, indent=2))
+    (args.out / "bench_peers.json").write_text(json.dumps({**meta, "rows": rows, "peer_ratios": pairs}, indent=2))
     if importlib.util.find_spec("matplotlib") is None:
         print(f"\nwrote {args.out / 'bench_peers.json'}; no chart: matplotlib is missing (pip install '.[bench]')")
         return

@@ -164,7 +164,7 @@ def speculative(args, prompts, params, k, topk=1, nodes=None):
                  f"speculative.topk={topk}", f"speculative.num_draft_tokens={nodes}", *args.override]
     with build_engine(overrides) as eng, GemmRecorder() as gemms:
         timer = PhaseTimer(gemms)
-        worker, draft = eng.worker, eng.worker.draft_worker
+        worker, draft = eng.worker, eng.worker.drafter
         timer.wrap(worker, "prefill", "prefill", set_phase="prefill")
         timer.wrap(worker.target_runner, "forward", "verify")
         timer.wrap(draft, "draft" if topk == 1 else "draft_tree", "draft")

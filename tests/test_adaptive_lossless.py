@@ -96,7 +96,7 @@ def test_held_draft_extend_equals_running_it_every_iteration(spec_pair):
     for replay in (False, True):
         with build_engine(spec_overrides(target, heads["eagle3"], "eagle3", 3)) as eng:
             worker = eng.worker
-            draft = worker.draft_worker
+            draft = worker.drafter
             request = Request(0, [0, 5, 9, 14, 3], SamplingParams(max_new_tokens=8))
             eng.scheduler.add(request)
             (req,) = eng.scheduler.schedule()
@@ -107,12 +107,12 @@ def test_held_draft_extend_equals_running_it_every_iteration(spec_pair):
             steps = [([int(t)], torch.randn(1, hidden, generator=gen)) for t in torch.randint(0, 200, (4,), generator=gen)]
             for i, (tokens, features) in enumerate(steps):
                 if replay:
-                    worker.deferred.hold([row], [n + i], [tokens], features)
+                    worker.drafter.deferred.hold([row], [n + i], [tokens], features)
                 else:
                     draft.forward_draft_extend([row], [n + i], [tokens], features)
             if replay:
-                draft.forward_draft_extend(*worker.deferred.take([row]))
-                assert len(worker.deferred) == 0
+                draft.forward_draft_extend(*worker.drafter.deferred.take([row]))
+                assert len(worker.drafter.deferred) == 0
             slots = worker.req_to_token[row, : n + len(steps)]
             pool = draft.draft_runner.kv_pool
             results.append((pool.k[0][slots].clone(), pool.v[0][slots].clone(),
@@ -135,12 +135,12 @@ def test_zero_steps_holds_draft_work_per_row_and_a_new_request_starts_clean(spec
     engine = engine_with_policy(spec_pair, lambda candidates, initial: CyclingPolicy([0], 0))
     worker = engine.worker
     calls = []
-    forward = worker.draft_worker.draft_runner.forward
-    worker.draft_worker.draft_runner.forward = lambda *a, **kw: calls.append(1) or forward(*a, **kw)
+    forward = worker.drafter.draft_runner.forward
+    worker.drafter.draft_runner.forward = lambda *a, **kw: calls.append(1) or forward(*a, **kw)
     params = SamplingParams(max_new_tokens=9, ignore_eos=True)
     engine.generate(["def add(a, b):"], params)  # leaves its held work in row 0
     out = engine.generate(["import os"], params)[0]  # admitted into row 0 again
-    rows, starts, tokens, features = worker.deferred.take([0])
+    rows, starts, tokens, features = worker.drafter.deferred.take([0])
     # prefill extended the draft head up to the first output token; each verify since then emitted one
     # token, held from the position after the prompt onwards; nothing of the first request is left
     assert rows == [0] and starts == [len(out.prompt_token_ids)] and tokens == [out.token_ids[1:]]
@@ -174,9 +174,9 @@ def test_draft_kv_after_zero_step_cycles_equals_always_extending(spec_pair):
         engine = engine_with_policy(spec_pair, lambda candidates, initial: CyclingPolicy(order, order[0]))
         out = engine.generate(["class Point:\n    def __init__(self, x, y):"], SamplingParams(max_new_tokens=40,
                                                                                                 ignore_eos=True))[0]
-        held = engine.worker.deferred.take([0])
+        held = engine.worker.drafter.deferred.take([0])
         covered = held[1][0] if held is not None else len(out.prompt_token_ids) + len(out.token_ids) - 1
-        pool = engine.worker.draft_worker.draft_runner.kv_pool  # one request from an empty pool: slot = position
+        pool = engine.worker.drafter.draft_runner.kv_pool  # one request from an empty pool: slot = position
         pools.append((covered, pool.k[0].clone(), pool.v[0].clone()))
     (covered, k_switching, v_switching), (_, k_always, v_always) = pools
     assert covered > 20

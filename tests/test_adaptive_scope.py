@@ -31,7 +31,7 @@ class NoExtendBackend(TorchNativeBackend):
 def container(spec_pair):
     target, heads = spec_pair
     c = build_container(compose_config(spec_overrides(target, heads["eagle3"], "eagle3", 3)))
-    c.eagle_worker()
+    c.spec_worker()
     return c
 
 
@@ -47,7 +47,7 @@ def no_extend_state(worker) -> SpecRuntimeState:
 
 def assert_consistent(worker):
     """Every live binding is the active state's (a None draft-extend backend keeps the live one)."""
-    state, draft = worker.state, worker.draft_worker
+    state, draft = worker.state, worker.drafter
     assert worker.num_steps == draft.num_steps == state.num_steps
     assert draft.draft_decode_backend is state.draft_decode_backend
     assert worker.verify_backend is state.verify_backend and worker.verify_buffers is state.verify_buffers
@@ -57,11 +57,11 @@ def assert_consistent(worker):
 
 
 def test_building_every_candidate_leaves_the_live_bindings_alone(container):
-    worker = container.eagle_worker()
+    worker = container.spec_worker()
     before = snapshot_bindings(worker)
     states = build_candidate_states(container, CANDIDATES)
     assert same(snapshot_bindings(worker), before)
-    assert worker.draft_worker.draft_runner.attn_backend is before["draft.draft_runner.attn_backend"]
+    assert worker.drafter.draft_runner.attn_backend is before["draft.draft_runner.attn_backend"]
     assert states[3] is worker.state
     for k, state in states.items():
         assert state.num_steps == k and state.num_draft_tokens == k + 1 and state.verify_buffers.num_steps == k
@@ -74,18 +74,18 @@ def test_building_every_candidate_leaves_the_live_bindings_alone(container):
 
 
 def test_apply_runtime_state_sets_the_runner_backend(container):
-    worker = container.eagle_worker()
+    worker = container.spec_worker()
     live = worker.state
     state = build_adaptive_runtime_state(container, 5)
     assert worker.apply_runtime_state(state)
-    assert worker.draft_worker.draft_runner.attn_backend is state.draft_extend_backend
+    assert worker.drafter.draft_runner.attn_backend is state.draft_extend_backend
     assert_consistent(worker)
     worker.apply_runtime_state(live)
-    assert worker.draft_worker.draft_runner.attn_backend is live.draft_extend_backend
+    assert worker.drafter.draft_runner.attn_backend is live.draft_extend_backend
 
 
 def test_an_exception_inside_the_scope_restores_everything(container):
-    worker = container.eagle_worker()
+    worker = container.spec_worker()
     before = snapshot_bindings(worker)
     assert not container.acceptance_model.built
     with pytest.raises(Injected):
@@ -93,7 +93,7 @@ def test_an_exception_inside_the_scope_restores_everything(container):
             assert container.speculative.num_steps() == 5
             worker.apply_runtime_state(container.speculative.runtime_state())  # a builder that binds the live worker
             container.acceptance_model()
-            assert worker.draft_worker.draft_runner.attn_backend is not before["draft.draft_runner.attn_backend"]
+            assert worker.drafter.draft_runner.attn_backend is not before["draft.draft_runner.attn_backend"]
             raise Injected
     assert same(snapshot_bindings(worker), before)
     assert container.speculative.num_steps() == 3 and not container.speculative.num_steps.overridden
@@ -101,7 +101,7 @@ def test_an_exception_inside_the_scope_restores_everything(container):
 
 
 def test_nested_scopes_restore_in_either_order(container):
-    worker = container.eagle_worker()
+    worker = container.spec_worker()
     num_steps = container.speculative.num_steps
     before = snapshot_bindings(worker)
     with speculative_scope(container, 1):
@@ -147,7 +147,7 @@ op = st.one_of(
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.lists(op, max_size=14))
 def test_random_sequences_keep_bindings_equal_to_the_active_state(container, ops):
-    worker = container.eagle_worker()
+    worker = container.spec_worker()
     num_steps = container.speculative.num_steps
     configured = num_steps()
     pool = [worker.state, no_extend_state(worker)]

@@ -41,8 +41,10 @@ def test_every_option_composes_and_builds(gqa_checkpoint, group, option):
     assert engine.scheduler.kv.allocator.num_pages == config["cache"]["max_total_tokens"] // config["cache"]["page_size"]
     runner = getattr(engine.worker, "target_runner", None) or engine.worker.runner
     assert type(runner.attn_backend).name == config["attention"]["backend"]
-    if config["speculative"]["algorithm"] != "none":
-        assert engine.worker.draft_worker.model.kind == config["draft"]["kind"]
+    if config["draft"]["kind"] != "none":
+        assert engine.worker.drafter.model.kind == config["draft"]["kind"]
+    elif config["speculative"]["algorithm"] == "ngram":  # no draft model: the target captures no features
+        assert type(engine.worker.drafter).__name__ == "NgramDrafter"
     if config["adaptive"]["policy"] != "off":
         tiers = config["adaptive"]["tiers"]
         assert set(engine.worker.candidate_states) == {c for t in tiers for c in t["candidates"]}
@@ -53,7 +55,7 @@ def test_default_config_runs_eagle3_on_the_shipped_pair():
     config = compose_config([])
     assert config["speculative"]["algorithm"] == config["draft"]["kind"] == "eagle3"
     engine = build_container(config).engine()
-    assert engine.worker.draft_worker.model.kind == "eagle3"
+    assert engine.worker.drafter.model.kind == "eagle3"
     assert engine.worker.target_runner.model.config.num_hidden_layers >= 8
 
 

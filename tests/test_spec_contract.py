@@ -67,7 +67,7 @@ def eagle_engine(spec_pair):
 
 
 def test_draft_extend_backend_is_bound_to_the_runner(eagle_engine):
-    draft = eagle_engine.worker.draft_worker
+    draft = eagle_engine.worker.drafter
     assert draft.draft_extend_backend is not None
     assert draft.draft_runner.attn_backend is draft.draft_extend_backend
     assert draft.draft_runner.attn_backend not in draft.draft_decode_backend.backends
@@ -79,7 +79,7 @@ def state_from(f: DraftBackendFactory, num_steps=3) -> SpecRuntimeState:
 
 def test_runner_keeps_its_backend_when_there_is_no_draft_extend_backend(eagle_engine):
     worker = eagle_engine.worker
-    draft = worker.draft_worker
+    draft = worker.drafter
     own, own_extend = draft.draft_runner.attn_backend, draft.draft_extend_backend
     state = state_from(factory(draft_backend="decode_only"))
     assert state.draft_extend_backend is None
@@ -92,7 +92,7 @@ def test_apply_runtime_state_rebinds_the_runner_and_is_a_no_op_when_unchanged(ea
     worker = eagle_engine.worker
     state = state_from(factory(num_steps=2), num_steps=2)
     assert worker.apply_runtime_state(state)
-    draft = worker.draft_worker
+    draft = worker.drafter
     assert draft.draft_runner.attn_backend is state.draft_extend_backend
     assert (worker.num_steps, draft.num_steps, worker.verify_backend) == (2, 2, state.verify_backend)
     before = bindings.snapshot_bindings(worker)
@@ -103,7 +103,7 @@ def test_apply_runtime_state_rebinds_the_runner_and_is_a_no_op_when_unchanged(ea
 def record_phases(engine, classes):
     """Rebind the draft worker's backends to recording ones; run; return who ran what."""
     worker = engine.worker
-    draft = worker.draft_worker
+    draft = worker.drafter
     f = DraftBackendFactory(classes, draft.model.config.head_dim, worker.num_steps, "prefill",
                             "torch_native", "torch_native")
     worker.apply_runtime_state(SpecRuntimeState.create(worker.num_steps, f, worker.verify_backend, worker.verify_buffers))

@@ -42,7 +42,7 @@ def test_zero_steps_is_plain_decoding_through_the_same_worker(spec_pair, plain_o
     target, heads = spec_pair
     with build_engine(spec_overrides(target, heads["eagle"], "eagle", 0)) as eng:
         outs = eng.generate(PROMPTS, PARAMS)
-        assert type(eng.worker).__name__ == "EagleWorker"
+        assert type(eng.worker).__name__ == "SpeculativeWorker"
         assert eng.metrics()["mean_accept_length"] == 1.0
     assert [o.token_ids for o in outs] == plain_outputs
 
@@ -66,8 +66,8 @@ def test_a_tree_of_one_child_per_node_is_the_chain(spec_pair, kind, temperature,
         rows, lens = [r.row for r in running], [r.num_computed for r in running]
         sampling = SamplingBatch.of_requests(running, torch.device("cpu"))
         bonus = torch.tensor([r.output_ids[-1] for r in running])
-        chain = eng.worker.draft_worker.draft(rows, lens, sampling)
-        tree = eng.worker.draft_worker.draft_tree(rows, lens, sampling, bonus, topk=1, num_nodes=5)
+        chain = eng.worker.drafter.draft(rows, lens, sampling)
+        tree = eng.worker.drafter.draft_tree(rows, lens, sampling, bonus, topk=1, num_nodes=5)
         eng.abort(requests)
     assert torch.equal(tree.tokens[:, 1:], chain) and torch.equal(tree.tokens[:, 0], bonus)
     assert tree.parents.tolist() == [[-1, 0, 1, 2, 3]] * len(running)
@@ -125,5 +125,5 @@ def test_prefill_fills_the_draft_kv_of_exactly_the_prompt_positions(spec_pair, k
         (req,) = eng.scheduler.schedule()
         eng.worker.prefill([req])
         slots = eng.worker.req_to_token[req.row, :len(request.prompt_ids) + 2]
-        written = eng.worker.draft_worker.draft_runner.kv_pool.k[0][slots].abs().sum(dim=(1, 2)) > 0
+        written = eng.worker.drafter.draft_runner.kv_pool.k[0][slots].abs().sum(dim=(1, 2)) > 0
     assert written.tolist() == [True] * len(request.prompt_ids) + [False, False]

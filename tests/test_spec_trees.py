@@ -197,7 +197,7 @@ def test_every_tree_node_is_among_the_top_children_of_its_parent_drafted_along_i
         running = list(eng.scheduler.running)
         rows, lens = [r.row for r in running], [r.num_computed for r in running]
         bonus = torch.tensor([r.output_ids[-1] for r in running])
-        worker = eng.worker.draft_worker
+        worker = eng.worker.drafter
         tree = worker.draft_tree(rows, lens, SamplingBatch.of_requests(running, torch.device("cpu")), bonus,
                                  topk=topk, num_nodes=40)
         checked = 0

@@ -12,25 +12,35 @@ BINDINGS = ("state", "num_steps", "draft.num_steps", "draft.draft_decode_backend
             "draft.draft_runner.attn_backend", "verify_backend", "verify_buffers")
 
 
+def binding_names(worker) -> tuple[str, ...]:
+    """The bindings of `worker`: a drafter without a draft model (n-gram) has no draft runner."""
+    if getattr(worker.drafter, "draft_runner", None) is None:
+        return tuple(name for name in BINDINGS if not name.startswith("draft.draft_runner."))
+    return BINDINGS
+
+
 def bind_runtime_state(worker, state) -> None:
-    """Point `worker` (an EagleWorker) and its draft worker at everything `state` holds."""
-    draft = worker.draft_worker
+    """Point `worker` (a SpeculativeWorker) and its drafter at everything `state` holds."""
+    draft = worker.drafter
     extend = state.draft_extend_backend
-    _assign(worker, {
+    runner = getattr(draft, "draft_runner", None)
+    bindings = {
         "state": state,
         "num_steps": state.num_steps,
         "draft.num_steps": state.num_steps,
         "draft.draft_decode_backend": state.draft_decode_backend,
         "draft.draft_extend_backend": extend if extend is not None else draft.draft_extend_backend,
-        "draft.draft_runner.attn_backend": extend if extend is not None else draft.draft_runner.attn_backend,
+        "draft.draft_runner.attn_backend": extend if extend is not None else getattr(runner, "attn_backend", None),
         "verify_backend": state.verify_backend,
         "verify_buffers": state.verify_buffers,
-    })
+    }
+    names = binding_names(worker)
+    _assign(worker, {name: value for name, value in bindings.items() if name in names})
 
 
 def snapshot_bindings(worker) -> dict:
     """Every live binding by name (compared with `is` by the contract tests)."""
-    return {name: _get(worker, name) for name in BINDINGS}
+    return {name: _get(worker, name) for name in binding_names(worker)}
 
 
 def restore_bindings(worker, snapshot: dict) -> None:
@@ -52,5 +62,5 @@ def _owner(worker, name: str):
     *path, attr = name.split(".")
     owner = worker
     for part in path:
-        owner = getattr(owner, "draft_worker" if part == "draft" else part)
+        owner = getattr(owner, "drafter" if part == "draft" else part)
     return owner, attr

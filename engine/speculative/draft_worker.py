@@ -1,11 +1,15 @@
-"""EagleDraftWorker: the draft head's runner, its attention backends, the draft loop and draft-extend."""
+"""EagleDraftWorker: the EAGLE / EAGLE-3 drafter. The draft head's runner, its attention backends,
+the draft loop (chain and EAGLE-2 tree) and draft-extend, behind the drafter interface the
+speculative worker drives (see `engine/speculative/worker.py`)."""
 
 import torch
 
 from engine.forward_batch import ForwardBatch
-from engine.runner import ModelRunner
+from engine.request import Request
+from engine.runner import ForwardOutput, ModelRunner
 from engine.sampling import Sampler, SamplingBatch
 from engine.speculative.chain_buffers import ChainBuffers
+from engine.speculative.deferred_extend import DeferredExtend
 from engine.speculative.tree import DraftTree, select_tree
 
 
@@ -20,11 +24,52 @@ class EagleDraftWorker:
         self.req_to_token = req_to_token
         self.buffers = buffers
         self.draft_sampling = draft_sampling  # "greedy" | "sample"
+        self.deferred = DeferredExtend()
         # trees rank nodes by cumulative log-softmax(logits / this): below 1 sharpens an under-confident head
         self.tree_score_temperature = tree_score_temperature
         self.num_steps = 0
         self.draft_decode_backend = None
         self.draft_extend_backend = None
+
+    # --- the drafter interface ---
+
+    def start(self, requests: list[Request], out: ForwardOutput, first: list[int]) -> None:
+        """After the target's prefill of `requests` (out: its forward, first: each one's first token):
+        draft-extend over each prompt shifted by one, so the head can propose the token after `first`."""
+        rows = [r.row for r in requests]
+        features = self.target_features(out.hidden, out.aux_hidden)
+        shifted = [r.all_ids[1:] + [t] for r, t in zip(requests, first)]
+        self.deferred.drop(rows)
+        self.forward_draft_extend(rows, [0] * len(requests), shifted, features)
+
+    def propose(self, requests: list[Request], sampling: SamplingBatch) -> torch.Tensor:
+        """A chain of `num_steps` drafts per request: [B, k] target ids."""
+        rows, seq_lens = [r.row for r in requests], [r.num_computed for r in requests]
+        if self.num_steps == 0:
+            return torch.zeros(len(rows), 0, dtype=torch.int64)
+        held = self.deferred.take(rows)
+        if held is not None:  # back from 0 steps: bring the draft KV up to date first
+            self.forward_draft_extend(*held)
+        return self.draft(rows, seq_lens, sampling)
+
+    def propose_tree(self, requests: list[Request], sampling: SamplingBatch, bonus: torch.Tensor, topk: int,
+                     num_nodes: int) -> DraftTree:
+        return self.draft_tree([r.row for r in requests], [r.num_computed for r in requests], sampling, bonus,
+                               topk, num_nodes)
+
+    def after_verify(self, requests: list[Request], prefix_lens: list[int], emitted: list[list[int]],
+                     out: ForwardOutput, keep: torch.Tensor) -> None:
+        """Draft-extend over the verified rows: request i's emitted tokens from position prefix_lens[i],
+        each with the target feature of the verify row it was chosen at (`keep`: those rows of `out`,
+        packed). At 0 steps the work is held until drafting resumes."""
+        features = self.target_features(out.hidden[keep], [a[keep] for a in out.aux_hidden])
+        rows = [r.row for r in requests]
+        if self.num_steps > 0:
+            self.forward_draft_extend(rows, prefix_lens, emitted, features)
+        else:
+            self.deferred.hold(rows, prefix_lens, emitted, features)
+
+    # --- the head ---
 
     @property
     def model(self):

@@ -23,11 +23,14 @@ class SpecRuntimeState:
     verify_buffers: VerifyBuffers
 
     @classmethod
-    def create(cls, num_steps: int, backend_factory: DraftBackendFactory, verify_backend,
+    def create(cls, num_steps: int, backend_factory: DraftBackendFactory | None, verify_backend,
                verify_buffers: VerifyBuffers, topk: int = 1, num_draft_tokens: int | None = None) -> "SpecRuntimeState":
-        if backend_factory.num_steps != num_steps or verify_buffers.num_steps != num_steps:
-            raise ValueError(f"runtime state for num_steps={num_steps} built from parts for "
-                             f"{backend_factory.num_steps} / {verify_buffers.num_steps} steps")
+        """backend_factory: None for a drafter without a draft model (no draft backends)."""
+        steps = [verify_buffers.num_steps] + ([backend_factory.num_steps] if backend_factory is not None else [])
+        if any(n != num_steps for n in steps):
+            raise ValueError(f"runtime state for num_steps={num_steps} built from parts for {steps} steps")
         nodes = num_steps + 1 if topk == 1 or num_draft_tokens is None else num_draft_tokens
+        if backend_factory is None:
+            return cls(num_steps, nodes, topk, None, None, verify_backend, verify_buffers)
         return cls(num_steps, nodes, topk, backend_factory.create_decode_backend(),
                    backend_factory.create_draft_extend_backend(), verify_backend, verify_buffers)

@@ -1,12 +1,17 @@
-"""EagleWorker: one speculative iteration for a batch with ragged acceptance.
+"""SpeculativeWorker: one speculative iteration for a batch with ragged acceptance, for any drafter.
 
-New requests prefill: target extend over the prompt, first token sampled, then draft-extend over the
-prompt shifted by one. Running requests (committed length L, pending bonus b): draft k tokens,
-verify [b, d_1..d_k] in one target forward at positions L..L+k, emit the accepted drafts plus one
-target token, commit L += accept_len, then draft-extend over the verified rows. Target KV written
-at rejected positions is never read: the next verify overwrites it, and masks only read below the
-committed length. num_steps = 0 is plain decoding through the same path; its draft-extend work is
-held (`DeferredExtend`) and run in one forward before drafting resumes.
+New requests prefill: target extend over the prompt, first token sampled, then the drafter starts
+on them (EAGLE: draft-extend over the prompt shifted by one; n-gram: index the prompt). Running
+requests (committed length L, pending bonus b): the drafter proposes up to k tokens, the target
+verifies [b, d_1..d_w] in one forward at positions L..L+w, the accepted drafts plus one target
+token are emitted, L += accept_len, and the drafter sees the verified rows (EAGLE: draft-extend;
+n-gram: index update). Target KV written at rejected positions is never read: the next verify
+overwrites it, and masks only read below the committed length. With topk > 1 the drafter proposes
+a tree, verified under a tree mask.
+
+A drafter implements `start(requests, out, first)`, `propose(requests, sampling) -> drafts [B, w]`
+(w <= k; -1 where a request has no more drafts), `propose_tree(requests, sampling, bonus, topk, num_nodes) -> DraftTree` and
+`after_verify(requests, prefix_lens, emitted, out, keep)`, and carries `num_steps` (bound here).
 
 Everything that depends on the step count comes from the bound `SpecRuntimeState`. With adaptive
 speculation a controller picks the step count before each decode iteration, the worker switches to
@@ -23,23 +28,20 @@ from engine.request import Request
 from engine.runner import ModelRunner
 from engine.sampling import Sampler, SamplingBatch
 from engine.speculative.bindings import bind_runtime_state
-from engine.speculative.deferred_extend import DeferredExtend
-from engine.speculative.draft_worker import EagleDraftWorker
 from engine.speculative.metrics import SpecCounters
 from engine.speculative.state import SpecRuntimeState
 from engine.speculative.tree import DraftTree
 from engine.speculative.verify import accept_lengths, walk_tree
 
 
-class EagleWorker:
-    def __init__(self, target_runner: ModelRunner, draft_worker: EagleDraftWorker, req_to_token: torch.Tensor,
-                 sampler: Sampler, initial_state: SpecRuntimeState):
+class SpeculativeWorker:
+    def __init__(self, target_runner: ModelRunner, drafter, req_to_token: torch.Tensor, sampler: Sampler,
+                 initial_state: SpecRuntimeState):
         self.target_runner = target_runner
-        self.draft_worker = draft_worker
+        self.drafter = drafter  # EagleDraftWorker | NgramDrafter
         self.req_to_token = req_to_token
         self.sampler = sampler
         self.counters = SpecCounters()
-        self.deferred = DeferredExtend()
         self.candidate_states: dict[int, SpecRuntimeState] = {}
         self.controller = None
         # bound by bind_runtime_state
@@ -53,7 +55,7 @@ class EagleWorker:
         bind_runtime_state(self, state)
         return True
 
-    def enable_adaptive(self, candidate_states: dict[int, SpecRuntimeState], controller) -> "EagleWorker":
+    def enable_adaptive(self, candidate_states: dict[int, SpecRuntimeState], controller) -> "SpeculativeWorker":
         missing = set(controller.all_candidates) - set(candidate_states)
         if missing:
             raise ValueError(f"adaptive controller proposes step counts without a runtime state: {sorted(missing)}")
@@ -79,10 +81,7 @@ class EagleWorker:
         first = self.sampler.sample(out.logits, SamplingBatch.of_requests(requests, out.logits.device))[:, 0].tolist()
         for request in requests:
             request.num_computed = request.seq_len
-        features = self.draft_worker.target_features(out.hidden, out.aux_hidden)
-        shifted = [r.all_ids[1:] + [t] for r, t in zip(requests, first)]
-        self.deferred.drop(rows)
-        self.draft_worker.forward_draft_extend(rows, [0] * len(requests), shifted, features)
+        self.drafter.start(requests, out, first)
         return [[t] for t in first]
 
     def decode(self, requests: list[Request]) -> list[list[int]]:
@@ -96,35 +95,30 @@ class EagleWorker:
         bonus = torch.tensor([r.output_ids[-1] for r in requests], dtype=torch.int64)
         if self.state.topk > 1:
             return self._decode_tree(requests, rows, seq_lens, sampling, bonus, clock)
-        if k > 0:
-            held = self.deferred.take(rows)
-            if held is not None:  # back from 0 steps: bring the draft KV up to date first
-                self.draft_worker.forward_draft_extend(*held)
-            drafts = self.draft_worker.draft(rows, seq_lens, sampling)
-        else:
-            drafts = torch.zeros(b, 0, dtype=torch.int64)
+        drafts = self.drafter.propose(requests, sampling)  # [B, w], w <= k; -1: no draft there
         clock.lap("draft")
-        chain = self.verify_buffers.fill_chain(bonus.to(drafts.device), drafts)  # [B, k+1]
+        w = drafts.shape[1]
+        chain = self.verify_buffers.fill_chain(bonus.to(drafts.device), drafts)  # [B, w+1]
+        proposed = (drafts >= 0).sum(dim=1)  # [B]
+        if bool((proposed < w).any()):  # the target reads some token at a hole; it is never accepted
+            chain = chain.clamp(min=0)
         batch = ForwardBatch.from_tails(rows, chain, seq_lens, self.req_to_token)
-        out = self.target_runner.forward(batch, logits_indices=self.verify_buffers.indices(b),
+        out = self.target_runner.forward(batch, logits_indices=self.verify_buffers.indices(b, w),
                                          attn_backend=self.verify_backend)
-        tokens = self.sampler.sample(out.logits, sampling, width=k + 1)  # [B, k+1]: the target's own choices
+        tokens = self.sampler.sample(out.logits, sampling, width=w + 1)  # [B, w+1]: the target's own choices
         accept_lens = accept_lengths(drafts.to(tokens.device), tokens)
         emitted = [row[:n] for row, n in zip(tokens.tolist(), accept_lens.tolist())]
+        proposed = proposed.tolist()
 
-        # commit, then draft-extend over the verified rows (bonus and accepted drafts, with their features)
-        keep = torch.tensor([i * (k + 1) + j for i, e in enumerate(emitted) for j in range(len(e))],
+        # commit, then let the drafter see the verified rows (bonus and accepted drafts)
+        keep = torch.tensor([i * (w + 1) + j for i, e in enumerate(emitted) for j in range(len(e))],
                             dtype=torch.int64, device=chain.device)
-        features = self.draft_worker.target_features(out.hidden[keep], [a[keep] for a in out.aux_hidden])
-        for request, tokens_i in zip(requests, emitted):
+        for request, tokens_i, n in zip(requests, emitted, proposed):
             request.num_computed += len(tokens_i)
-            self.counters.record(k, len(tokens_i))
-            request.spec_counters.record(k, len(tokens_i))
+            self.counters.record(n, len(tokens_i))
+            request.spec_counters.record(n, len(tokens_i))
         clock.lap("verify")
-        if k > 0:
-            self.draft_worker.forward_draft_extend(rows, seq_lens, emitted, features)
-        else:
-            self.deferred.hold(rows, seq_lens, emitted, features)
+        self.drafter.after_verify(requests, seq_lens, emitted, out, keep)
         clock.lap("extend")
         if self.controller is not None:
             self.controller.observe(b, k, [len(e) - 1 for e in emitted], clock.times)
@@ -136,12 +130,12 @@ class EagleWorker:
         forward under the tree mask, walk it, move the accepted path's target KV to the committed
         positions, then draft-extend over that path."""
         device = self.req_to_token.device
-        tree = self.draft_worker.draft_tree(rows, seq_lens, sampling, bonus.to(device), self.state.topk,
-                                            self.state.num_draft_tokens)
+        tree = self.drafter.propose_tree(requests, sampling, bonus.to(device), self.state.topk,
+                                         self.state.num_draft_tokens)
         clock.lap("draft")
         b, n = tree.tokens.shape
         prefix = torch.tensor(seq_lens, dtype=torch.int64, device=device)
-        batch = ForwardBatch.for_tree(rows, tree.tokens, seq_lens, prefix[:, None] + tree.depths,
+        batch = ForwardBatch.for_tree(rows, tree.tokens.clamp(min=0), seq_lens, prefix[:, None] + tree.depths,
                                       tree.ancestor_mask(), self.req_to_token)
         out = self.target_runner.forward(batch, logits_indices=torch.arange(b * n, device=device),
                                          attn_backend=self.verify_backend)
@@ -153,13 +147,12 @@ class EagleWorker:
         on_path = path >= 0  # [B, n]: the path's nodes, root first, then padding
         self._commit_tree_kv(batch.req_rows, prefix, path, on_path)
         keep = (torch.arange(b, device=device)[:, None] * n + path)[on_path]  # packed rows of the path's nodes
-        features = self.draft_worker.target_features(out.hidden[keep], [a[keep] for a in out.aux_hidden])
         for request, tokens_i in zip(requests, emitted):
             request.num_computed += len(tokens_i)
             self.counters.record(self.num_steps, len(tokens_i))  # by depth: position i = depth i + 1
             request.spec_counters.record(self.num_steps, len(tokens_i))
         clock.lap("verify")
-        self.draft_worker.forward_draft_extend(rows, seq_lens, emitted, features)
+        self.drafter.after_verify(requests, seq_lens, emitted, out, keep)
         clock.lap("extend")
         return emitted
 

@@ -1,0 +1,78 @@
+"""NgramDrafter: prompt lookup. Each request drafts the continuation of an earlier occurrence of its
+own current suffix (prompt + output); no draft model runs.
+
+A chain proposes the best continuation, up to `num_steps` tokens, and a request without a match
+proposes none; the batch's chains are as wide as its longest proposal (a batch where none matches
+verifies the bonus alone: a plain decoding step). A tree (topk > 1) merges the `topk` best distinct
+continuations into one trie of at most `num_draft_tokens - 1` nodes under the root. Places no
+continuation fills hold the token -1, which the target's choice never equals: never accepted.
+"""
+
+import torch
+
+from engine.request import Request
+from engine.runner import ForwardOutput
+from engine.sampling import SamplingBatch
+from engine.speculative.ngram_index import NgramIndex
+from engine.speculative.tree import DraftTree
+
+UNFILLED = -1  # the token of a tree node no continuation filled
+
+
+class NgramDrafter:
+    """`num_steps` (the longest proposal) is bound from a `SpecRuntimeState`; the draft backends it is
+    bound alongside stay None (there is no draft model)."""
+
+    def __init__(self, min_match: int, max_match: int, max_branches: int, device: torch.device):
+        self.min_match, self.max_match, self.max_branches = min_match, max_match, max_branches
+        self.device = torch.device(device)
+        self.indexes: dict[int, NgramIndex] = {}  # request-table row -> its tokens' index
+        self.num_steps = 0
+        self.draft_decode_backend = None
+        self.draft_extend_backend = None
+
+    def start(self, requests: list[Request], out: ForwardOutput, first: list[int]) -> None:
+        for request, token in zip(requests, first):
+            self.indexes[request.row] = NgramIndex(request.all_ids + [token], self.min_match, self.max_match,
+                                                   self.max_branches)
+
+    def propose(self, requests: list[Request], sampling: SamplingBatch) -> torch.Tensor:
+        """[B, w] drafts, w the longest proposal (<= num_steps), shorter ones padded with -1."""
+        branches = [self._branches(r, self.num_steps, 1) for r in requests]
+        chains = [b[0] if b else [] for b in branches]
+        width = max(map(len, chains))
+        drafts = [c + [UNFILLED] * (width - len(c)) for c in chains]
+        return torch.tensor(drafts, dtype=torch.int64).view(len(chains), width).to(self.device)
+
+    def propose_tree(self, requests: list[Request], sampling: SamplingBatch, bonus: torch.Tensor, topk: int,
+                     num_nodes: int) -> DraftTree:
+        """Each request's continuations merged into a trie, best branch first, parents before children."""
+        b = len(requests)
+        tokens = torch.full((b, num_nodes), UNFILLED, dtype=torch.int64)
+        parents = torch.zeros(b, num_nodes, dtype=torch.int64)
+        depths = torch.ones(b, num_nodes, dtype=torch.int64)
+        for i, request in enumerate(requests):
+            children: dict[tuple[int, int], int] = {}  # (parent node, token) -> node
+            filled = 1
+            for branch in self._branches(request, self.num_steps, topk):
+                node = 0
+                for depth, token in enumerate(branch, start=1):
+                    child = children.get((node, token))
+                    if child is None:
+                        if filled == num_nodes:
+                            break
+                        child = children[(node, token)] = filled
+                        tokens[i, child], parents[i, child], depths[i, child] = token, node, depth
+                        filled += 1
+                    node = child
+        tokens[:, 0], parents[:, 0], depths[:, 0] = bonus.cpu(), -1, 0
+        return DraftTree(tokens.to(self.device), parents.to(self.device), depths.to(self.device))
+
+    def after_verify(self, requests: list[Request], prefix_lens: list[int], emitted: list[list[int]],
+                     out: ForwardOutput, keep: torch.Tensor) -> None:
+        for request, tokens in zip(requests, emitted):
+            self.indexes[request.row].extend(tokens)
+
+    def _branches(self, request: Request, max_tokens: int, count: int) -> list[list[int]]:
+        index = self.indexes[request.row]
+        return index.propose(max_tokens)[:count] if max_tokens > 0 else []

@@ -1,0 +1,133 @@
+"""The n-gram drafter (prompt lookup): its index against a brute-force reference, lossless against
+plain decoding at batch 16 (chains and trees, greedy and seeded sampling, both attention backends,
+adaptive), the command line with no other override, and its config errors."""
+
+import json
+import random
+
+import pytest
+
+from conftest import PLAIN, plain_token_ids
+from engine import ConfigError, SamplingParams, build_engine
+from engine.speculative.ngram_index import NgramIndex
+from test_cli import run_cli
+
+# code that repeats itself, so the lookup finds matches in the prompt and in the output
+PROMPTS = ["def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):",
+           "x = [1, 2, 3]\ny = [1, 2, 3]\nz = [", "for i in range(10):\n    print(i)\nfor j in range(",
+           "import os", "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.",
+           "if x > 0:\n    x = x - 1\nif y > 0:\n    y = y", "while True:", "return self",
+           "a = 1\nb = 2\nc = 3\nd =", "print('hello')\nprint('hello')\nprint(", "# a comment\n", "with open(",
+           "from typing import List\nfrom typing import", "lambda x: x + 1, lambda y:", "try:\n    ",
+           "async def fetch("]
+PARAMS = [SamplingParams(max_new_tokens=24, ignore_eos=True, temperature=t, top_p=p, seed=i)
+          for i, (t, p) in enumerate([(0.0, 1.0), (0.8, 1.0), (1.0, 0.9), (0.0, 1.0)] * 4)]
+
+
+def ngram_overrides(target, num_steps=4, topk=1, nodes=None, *extra):
+    nodes = nodes if nodes is not None else num_steps * topk + 1
+    return [f"model.path={target}", "speculative=ngram", "adaptive=off", f"speculative.num_steps={num_steps}",
+            f"speculative.topk={topk}", f"speculative.num_draft_tokens={nodes}", *extra]
+
+
+def reference_proposals(tokens, min_match, max_match, max_tokens, max_branches):
+    """Brute force: for the longest suffix first, the continuations of its earlier occurrences, newest first."""
+    branches = []
+    for n in range(min(max_match, len(tokens) - 1), min_match - 1, -1):
+        suffix = tokens[len(tokens) - n:]
+        for end in range(len(tokens) - 2, n - 2, -1):
+            if tokens[end - n + 1:end + 1] == suffix:
+                branch = tokens[end + 1:end + 1 + max_tokens]
+                if branch not in branches:
+                    branches.append(branch)
+        if len(branches) >= max_branches:
+            break
+    return branches[:max_branches]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_index_grown_token_by_token_proposes_what_a_rescan_finds(seed):
+    rng = random.Random(seed)
+    tokens = [rng.randrange(6) for _ in range(120)]  # a small vocabulary: many repeats
+    low, high, branches = rng.choice([(1, 3), (2, 4), (1, 1)]), None, rng.choice([1, 3])
+    low, high = low
+    index = NgramIndex(tokens[:5], low, high, branches)
+    for i in range(5, len(tokens)):
+        index.extend(tokens[i:i + 1])
+        assert index.propose(4) == reference_proposals(tokens[:i + 1], low, high, 4, branches), i
+
+
+def test_index_prefers_the_longest_match_then_the_newest():
+    index = NgramIndex([1, 2, 3, 9, 5, 2, 3, 7, 2, 3], 1, 3, max_branches=3)
+    # suffix [2, 3] occurred twice before: newest first (followed by 7), then the older (followed by 9)
+    assert index.propose(2) == [[7, 2], [9, 5]]
+    assert NgramIndex([4, 5, 6], 1, 3).propose(3) == []  # nothing repeats
+    assert NgramIndex([1, 2, 1, 2], 2, 2).propose(5) == [[1, 2]]  # a continuation stops at the end
+
+
+@pytest.fixture(scope="module")
+def plain(spec_pair):
+    return plain_token_ids(spec_pair[0], PROMPTS, PARAMS)
+
+
+@pytest.mark.parametrize("steps,topk,nodes", [(4, 1, None), (6, 1, None), (4, 2, 9), (5, 4, 12)])
+def test_ngram_is_lossless_at_batch_16(spec_pair, plain, steps, topk, nodes):
+    with build_engine(ngram_overrides(spec_pair[0], steps, topk, nodes)) as eng:
+        outs = eng.generate(PROMPTS, PARAMS)
+        assert eng.metrics()["mean_accept_length"] > 1.0  # the lookup found continuations the target took
+        assert eng.scheduler.kv.all_free()
+        assert not hasattr(eng.worker.drafter, "draft_runner")  # no draft model
+    assert [o.token_ids for o in outs] == plain
+
+
+def test_ngram_on_the_triton_backend_and_one_token_pages(spec_pair):
+    params = [SamplingParams(max_new_tokens=10, ignore_eos=True)] * 3
+    with build_engine([*PLAIN, f"model.path={spec_pair[0]}"]) as eng:
+        expected = [o.token_ids for o in eng.generate(PROMPTS[:3], params)]
+    for extra, topk in (("attention=triton", 1), ("attention=triton", 2), ("cache.page_size=1", 3)):
+        with build_engine(ngram_overrides(spec_pair[0], 3, topk, None, extra)) as eng:
+            assert [o.token_ids for o in eng.generate(PROMPTS[:3], params)] == expected, (extra, topk)
+
+
+def test_ngram_under_adaptive_control_is_lossless(spec_pair, plain):
+    overrides = [f"model.path={spec_pair[0]}", "speculative=ngram", "adaptive=throughput"]
+    with build_engine(overrides) as eng:
+        outs = eng.generate(PROMPTS, PARAMS)
+        assert sum(eng.metrics()["adaptive_cycles_at_steps"].values()) > 0
+    assert [o.token_ids for o in outs] == plain
+
+
+def test_no_kv_leak_after_random_requests_with_ngram(spec_pair):
+    rng = random.Random(5)
+    prompts = [[0] + [rng.randrange(2, 40) for _ in range(rng.randrange(1, 40))] for _ in range(150)]
+    params = [SamplingParams(max_new_tokens=rng.randrange(1, 24), temperature=rng.choice([0.0, 0.8]), seed=i,
+                             ignore_eos=rng.random() < 0.7) for i in range(150)]
+    overrides = ngram_overrides(spec_pair[0], 5, 2, 9, "cache.page_size=16", "cache.max_total_tokens=1024",
+                                "cache.max_running_requests=24")
+    with build_engine(overrides) as eng:
+        outs = eng.generate(prompt_token_ids=prompts, sampling=params)
+        kv = eng.scheduler.kv
+        assert kv.all_free() and (kv.table.table == -1).all()
+    with build_engine([*PLAIN, f"model.path={spec_pair[0]}"]) as eng:
+        expected = eng.generate(prompt_token_ids=prompts, sampling=params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in expected]
+
+
+def test_ngram_from_the_command_line_with_no_other_override(tmp_path):
+    proc = run_cli("speculative=ngram", "sampling.max_new_tokens=32", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "tau" in proc.stdout
+    plain = run_cli("speculative=none", "sampling.max_new_tokens=32", cwd=tmp_path)
+    outputs = sorted(tmp_path.glob("outputs/*/*/outputs.json"))
+    texts = [json.loads(p.read_text())["outputs"][0]["text"] for p in outputs]
+    assert plain.returncode == 0 and len(texts) == 2 and texts[0] == texts[1]
+
+
+@pytest.mark.parametrize("override,field", [
+    ("speculative.ngram_min_match=0", "speculative.ngram_min_match"),
+    ("speculative.ngram_max_match=0", "speculative.ngram_max_match"),
+    ("draft=eagle3", "draft.kind"),
+])
+def test_ngram_config_errors_name_the_field(spec_pair, override, field):
+    with pytest.raises(ConfigError, match=field):
+        build_engine([f"model.path={spec_pair[0]}", "speculative=ngram", override])
