@@ -87,7 +87,7 @@ class EngineContainer(containers.DeclarativeContainer):
     # the draft head must load before the target runs: it chooses which target layers to capture
     worker = providers.Selector(
         config.speculative.algorithm, none=decode_worker, eagle=speculative_worker, eagle3=speculative_worker,
-        ngram=speculative_worker,
+        ngram=speculative_worker, standalone=speculative_worker,
     )
     scheduler = Singleton(
         Scheduler, kv=cache.manager, max_running_requests=config.cache.max_running_requests,

@@ -83,7 +83,8 @@ def lookahead_tokens(algorithm: str, max_steps: int, topk: int = 1, num_draft_to
         return 0
     if topk == 1:
         return max_steps + 1
-    return max(max_steps + 1, num_draft_tokens, (max_steps - 1) * topk)
+    # a standalone LM's draft nodes sit one column past an EAGLE head's (after the root's)
+    return max(max_steps + 1, num_draft_tokens, (max_steps - 1) * topk + 1)
 
 
 def max_steps(num_steps: int, adaptive: dict) -> int:
@@ -125,8 +126,8 @@ def model_dtype_of(model) -> torch.dtype:
 
 
 def draft_kv_pool(draft, num_pages: int, page_size: int, device: torch.device) -> PagedKVPool:
-    cfg = draft.config
-    return PagedKVPool(1, num_pages, page_size, cfg.num_key_value_heads, cfg.head_dim, model_dtype_of(draft), device)
+    cfg = draft.config  # EAGLE heads: one layer; a standalone LM: all of its layers
+    return PagedKVPool(getattr(draft, "num_kv_layers", 1), num_pages, page_size, cfg.num_key_value_heads, cfg.head_dim, model_dtype_of(draft), device)
 
 
 def hidden_size_of(model) -> int:

@@ -41,12 +41,14 @@ class SpeculativeAlgorithm(str, Enum):
     eagle = "eagle"
     eagle3 = "eagle3"
     ngram = "ngram"
+    standalone = "standalone"
 
 
 class DraftKind(str, Enum):
     none = "none"
     eagle = "eagle"
     eagle3 = "eagle3"
+    lm = "lm"  # a small causal LM with the target's tokenizer
 
 
 class AttentionMode(str, Enum):

@@ -11,6 +11,7 @@ from engine.speculative.backend_factory import DraftBackendFactory
 from engine.speculative.chain_buffers import ChainBuffers
 from engine.speculative.draft_worker import EagleDraftWorker
 from engine.speculative.ngram_drafter import NgramDrafter
+from engine.speculative.standalone_drafter import StandaloneDrafter
 from engine.speculative.state import SpecRuntimeState
 from engine.speculative.verify_buffers import VerifyBuffers
 
@@ -30,6 +31,7 @@ class SpeculativeContainer(containers.DeclarativeContainer):
     draft_model = Singleton(
         load_draft, path=config.draft.path, kind=config.draft.kind, target=target_model,
         dtype=config.draft.dtype, device=device, weight_layout=config.model.weight_layout,
+        target_path=config.model.path,
     )
     draft_pool = Singleton(factories.draft_kv_pool, draft_model, num_pages, config.cache.page_size, device)
     draft_head_dim = providers.Callable(factories.head_dim_of, draft_model)
@@ -61,6 +63,11 @@ class SpeculativeContainer(containers.DeclarativeContainer):
         sampler=sampler, draft_sampling=config.speculative.draft_sampling,
         tree_score_temperature=config.speculative.tree_score_temperature,
     )
+    standalone_drafter = Singleton(
+        StandaloneDrafter, draft_runner=draft_runner, req_to_token=req_to_token, buffers=chain_buffers,
+        sampler=sampler, draft_sampling=config.speculative.draft_sampling,
+        tree_score_temperature=config.speculative.tree_score_temperature,
+    )
     ngram_drafter = Singleton(
         NgramDrafter, min_match=config.speculative.ngram_min_match, max_match=config.speculative.ngram_max_match,
         max_branches=config.speculative.topk, device=device,
@@ -68,10 +75,11 @@ class SpeculativeContainer(containers.DeclarativeContainer):
     # the drafter `speculative.algorithm` names; n-gram loads no draft model and has no draft backends
     drafter = providers.Selector(
         config.speculative.algorithm, eagle=eagle_drafter, eagle3=eagle_drafter, ngram=ngram_drafter,
+        standalone=standalone_drafter,
     )
     backend_factory = providers.Selector(
         config.speculative.algorithm, eagle=head_backend_factory, eagle3=head_backend_factory,
-        ngram=providers.Object(None),
+        standalone=head_backend_factory, ngram=providers.Object(None),
     )
     verify_buffers = providers.Factory(
         VerifyBuffers, max_requests=config.cache.max_running_requests, num_steps=num_steps, device=device,

@@ -8,7 +8,7 @@ from engine.speculative.adaptive.tiers import middle_candidate
 
 
 # the draft model each speculative algorithm loads (none: no draft model)
-DRAFT_KIND = {"none": "none", "eagle": "eagle", "eagle3": "eagle3", "ngram": "none"}
+DRAFT_KIND = {"none": "none", "eagle": "eagle", "eagle3": "eagle3", "ngram": "none", "standalone": "lm"}
 
 # metrics a run can return to a sweeper -> whether only speculative runs have it
 OBJECTIVES = {"tokens_per_s": False, "generated_tokens": False, "generate_time_s": False, "forward_steps": False,

@@ -14,8 +14,9 @@ waves, prefill included. Each system's greedy ids are compared with eyas plain's
 Systems (`--systems`, short names): ct2 (CTranslate2, converted here from the same checkpoint),
 hf (transformers `generate`), hf_lookup (prompt lookup, 10 tokens), hf_assisted (the shipped draft
 LM as assistant model), eyas (plain decoding), eyas_spec (default config: EAGLE-3, k = 3),
-eyas_adaptive (`adaptive=throughput`), eyas_ngram (`speculative=ngram`: prompt lookup; its ratio to
-transformers' prompt lookup is printed too). transformers' prompt lookup and assisted generation run at
+eyas_adaptive (`adaptive=throughput`), eyas_ngram (`speculative=ngram`: prompt lookup) and
+eyas_standalone (`speculative=standalone`: the shipped draft LM); their ratios to transformers' prompt
+lookup and assisted generation are printed too. transformers' prompt lookup and assisted generation run at
 batch 1 only. Needs the optional packages: pip install '.[bench]'.
 """
 
@@ -44,12 +45,13 @@ from engine.tokenizer import Tokenizer  # noqa: E402
 
 SYSTEMS = {"ct2": "ct2 plain", "hf": "transformers plain", "hf_lookup": "transformers prompt lookup",
            "hf_assisted": "transformers assisted", "eyas": "eyas plain", "eyas_spec": "eyas default",
-           "eyas_adaptive": "eyas adaptive", "eyas_ngram": "eyas n-gram"}
+           "eyas_adaptive": "eyas adaptive", "eyas_ngram": "eyas n-gram", "eyas_standalone": "eyas standalone"}
 BATCH1_ONLY = {"hf_lookup", "hf_assisted"}
 EYAS_OVERRIDES = {"eyas": ["speculative=none", "draft=none"], "eyas_spec": [],
-                  "eyas_adaptive": ["adaptive=throughput"], "eyas_ngram": ["speculative=ngram"]}
+                  "eyas_adaptive": ["adaptive=throughput"], "eyas_ngram": ["speculative=ngram"],
+                  "eyas_standalone": ["speculative=standalone"]}
 # eyas drafters and the transformers peer that drafts the same way: their ratio is printed per batch
-PEERS = {"eyas_ngram": "hf_lookup"}
+PEERS = {"eyas_ngram": "hf_lookup", "eyas_standalone": "hf_assisted"}
 
 
 def parse_args() -> argparse.Namespace:

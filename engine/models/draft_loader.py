@@ -10,12 +10,13 @@ from engine.models.config import LLAMA, ModelConfig, load_model_config, read_jso
 from engine.models.eagle import EagleDraftModel
 from engine.models.eagle3 import Eagle3DraftModel
 from engine.models.llama import LlamaDecoderLayer, LlamaForCausalLM
+from engine.models.standalone_draft import load_standalone_draft
 from engine.models.loader import assign_state, checkpoint_dir, pack_for_inference, read_tensors, resolve_dtype
 
 # heads are one Llama decoder layer whatever their target's family
 EAGLE3_ARCHITECTURES = {"LlamaForCausalLMEagle3": LLAMA}
 EAGLE_ARCHITECTURES = {"LlamaForCausalLM": LLAMA, "EagleForCausalLM": LLAMA, "LlamaForCausalLMEagle": LLAMA}
-DRAFT_KINDS = ("eagle", "eagle3")
+DRAFT_KINDS = ("eagle", "eagle3", "lm")
 
 
 def _check_fit(directory: Path, what: str, draft_value: int, target_value: int) -> None:
@@ -66,10 +67,14 @@ def _build_eagle3(directory: Path, raw: dict, config: ModelConfig, tensors: dict
 
 
 def load_draft(path: str | Path, kind: str, target: LlamaForCausalLM, dtype: str = "auto",
-               device: str | torch.device = "cpu", weight_layout: str = "auto") -> nn.Module:
-    """Load the head at `path` (`kind`: eagle | eagle3) and attach the target's shared modules."""
+               device: str | torch.device = "cpu", weight_layout: str = "auto",
+               target_path: str | Path | None = None) -> nn.Module:
+    """Load the draft model at `path`: an EAGLE / EAGLE-3 head (`kind` eagle | eagle3), with the target's
+    shared modules attached, or a small LM with the target's tokenizer (`kind` lm)."""
     if kind not in DRAFT_KINDS:
-        raise CheckpointError(f"draft.kind {kind!r} is not a draft head; allowed: {list(DRAFT_KINDS)}")
+        raise CheckpointError(f"draft.kind {kind!r} is not a draft model; allowed: {list(DRAFT_KINDS)}")
+    if kind == "lm":
+        return load_standalone_draft(path, target, dtype, device, weight_layout, target_path)
     directory = checkpoint_dir(path)
     raw = read_json(directory / "config.json")
     archs = raw.get("architectures") or []

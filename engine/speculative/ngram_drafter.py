@@ -14,9 +14,7 @@ from engine.request import Request
 from engine.runner import ForwardOutput
 from engine.sampling import SamplingBatch
 from engine.speculative.ngram_index import NgramIndex
-from engine.speculative.tree import DraftTree
-
-UNFILLED = -1  # the token of a tree node no continuation filled
+from engine.speculative.tree import UNFILLED, DraftTree, graft, root_only
 
 
 class NgramDrafter:
@@ -46,27 +44,12 @@ class NgramDrafter:
 
     def propose_tree(self, requests: list[Request], sampling: SamplingBatch, bonus: torch.Tensor, topk: int,
                      num_nodes: int) -> DraftTree:
-        """Each request's continuations merged into a trie, best branch first, parents before children."""
-        b = len(requests)
-        tokens = torch.full((b, num_nodes), UNFILLED, dtype=torch.int64)
-        parents = torch.zeros(b, num_nodes, dtype=torch.int64)
-        depths = torch.ones(b, num_nodes, dtype=torch.int64)
-        for i, request in enumerate(requests):
-            children: dict[tuple[int, int], int] = {}  # (parent node, token) -> node
-            filled = 1
-            for branch in self._branches(request, self.num_steps, topk):
-                node = 0
-                for depth, token in enumerate(branch, start=1):
-                    child = children.get((node, token))
-                    if child is None:
-                        if filled == num_nodes:
-                            break
-                        child = children[(node, token)] = filled
-                        tokens[i, child], parents[i, child], depths[i, child] = token, node, depth
-                        filled += 1
-                    node = child
-        tokens[:, 0], parents[:, 0], depths[:, 0] = bonus.cpu(), -1, 0
-        return DraftTree(tokens.to(self.device), parents.to(self.device), depths.to(self.device))
+        """Each request's continuations merged into a trie under its root, best branch first."""
+        return graft(root_only(bonus), self.branches(requests, topk), num_nodes)
+
+    def branches(self, requests: list[Request], count: int) -> list[list[list[int]]]:
+        """Up to `count` distinct continuations of at most `num_steps` tokens per request, best first."""
+        return [self._branches(r, self.num_steps, count) for r in requests]
 
     def after_verify(self, requests: list[Request], prefix_lens: list[int], emitted: list[list[int]],
                      out: ForwardOutput, keep: torch.Tensor) -> None:

@@ -78,3 +78,42 @@ def select_tree(roots: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor
 def max_tree_nodes(topk: int, num_steps: int) -> int:
     """Nodes EAGLE-2 expansion can propose, the root counted: topk at the first step, topk^2 at each later one."""
     return 1 + topk + (num_steps - 1) * topk * topk
+
+
+UNFILLED = -1  # the token of a tree node nothing filled: the target's choice never equals it, so never accepted
+
+
+def graft(tree: DraftTree, branches: list[list[list[int]]], num_nodes: int) -> DraftTree:
+    """Merge token branches into `tree` as paths from the root, sharing nodes where a branch follows
+    existing ones, and pad every tree to `num_nodes` nodes with UNFILLED leaves under the root.
+    branches[b]: request b's branches, best first; new nodes past `num_nodes` are dropped. New nodes
+    are appended after the tree's, so parents still precede children. On the host (n-gram sizes)."""
+    b, n = tree.tokens.shape
+    tokens = torch.full((b, num_nodes), UNFILLED, dtype=torch.int64)
+    parents = torch.zeros(b, num_nodes, dtype=torch.int64)
+    depths = torch.ones(b, num_nodes, dtype=torch.int64)
+    tokens[:, :n], parents[:, :n], depths[:, :n] = tree.tokens.cpu(), tree.parents.cpu(), tree.depths.cpu()
+    for i, request_branches in enumerate(branches):
+        if not request_branches:
+            continue
+        children = {(p, t): j for j, (p, t) in enumerate(zip(parents[i, 1:n].tolist(), tokens[i, 1:n].tolist()), 1)}
+        filled = n
+        for branch in request_branches:
+            node = 0
+            for depth, token in enumerate(branch, start=1):
+                child = children.get((node, token))
+                if child is None:
+                    if filled == num_nodes:
+                        break
+                    child = children[(node, token)] = filled
+                    tokens[i, child], parents[i, child], depths[i, child] = token, node, depth
+                    filled += 1
+                node = child
+    device = tree.tokens.device
+    return DraftTree(tokens.to(device), parents.to(device), depths.to(device))
+
+
+def root_only(bonus: torch.Tensor) -> DraftTree:
+    """bonus [B] -> trees of the root alone."""
+    column = bonus[:, None]
+    return DraftTree(column.clone(), torch.full_like(column, -1), torch.zeros_like(column))
