@@ -1,4 +1,5 @@
 import os
+import random
 import shutil
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest  # noqa: E402
 sys.path.insert(0, str(Path(__file__).parent))  # tests/checkpoints.py
 
 from checkpoints import write_llama  # noqa: E402
-from engine import build_engine  # noqa: E402
+from engine import SamplingParams, build_engine  # noqa: E402
 from trained_heads import train_heads  # noqa: E402
 
 PLAIN = ["speculative=none", "draft=none"]  # the default config speculates with the shipped heads
@@ -100,6 +101,23 @@ def plain_token_ids(target, prompts, params) -> list[list[int]]:
     """Plain greedy decoding of `prompts` on `target`: the reference speculative runs must equal."""
     with build_engine([*PLAIN, f"model.path={target}"]) as eng:
         return [o.token_ids for o in eng.generate(prompts, params)]
+
+
+def random_requests_match_plain(target, overrides: list[str], count: int, seed: int, vocab: int = 320) -> None:
+    """`count` random requests (prompts, lengths, greedy or seeded sampling) through an engine built
+    from `overrides`: every KV page and table entry is free afterwards, and every output equals plain
+    decoding's."""
+    rng = random.Random(seed)
+    prompts = [[0] + [rng.randrange(2, vocab) for _ in range(rng.randrange(1, 40))] for _ in range(count)]
+    params = [SamplingParams(max_new_tokens=rng.randrange(1, 24), temperature=rng.choice([0.0, 0.8]), seed=i,
+                             ignore_eos=rng.random() < 0.7) for i in range(count)]
+    with build_engine(overrides) as eng:
+        outs = eng.generate(prompt_token_ids=prompts, sampling=params)
+        kv = eng.scheduler.kv
+        assert kv.all_free() and (kv.table.table == -1).all()
+    with build_engine([*PLAIN, f"model.path={target}"]) as eng:
+        expected = eng.generate(prompt_token_ids=prompts, sampling=params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in expected]
 
 
 def spec_overrides(target, head, kind, num_steps, *extra):

@@ -4,11 +4,10 @@ backends, adaptive), its KV rolled back exactly (the target as its own drafter a
 draft), the command line with no other override, and a draft LM that does not fit."""
 
 import json
-import random
 
 import pytest
 
-from conftest import PLAIN
+from conftest import PLAIN, random_requests_match_plain
 from engine import SamplingParams, build_engine
 from engine.assets import asset_path
 from engine.errors import CheckpointError
@@ -76,19 +75,9 @@ def test_standalone_under_adaptive_control_is_lossless(spec_pair, plain):
 
 def test_no_kv_leak_after_random_requests_with_standalone(spec_pair):
     target = spec_pair[0]
-    rng = random.Random(7)
-    prompts = [[0] + [rng.randrange(2, 320) for _ in range(rng.randrange(1, 30))] for _ in range(120)]
-    params = [SamplingParams(max_new_tokens=rng.randrange(1, 24), temperature=rng.choice([0.0, 0.8]), seed=i,
-                             ignore_eos=rng.random() < 0.7) for i in range(120)]
     overrides = standalone_overrides(target, target, 3, 2, 6, "cache.page_size=16", "cache.max_total_tokens=1024",
                                      "cache.max_running_requests=24", "speculative.draft_sampling=greedy")
-    with build_engine(overrides) as eng:
-        outs = eng.generate(prompt_token_ids=prompts, sampling=params)
-        kv = eng.scheduler.kv
-        assert kv.all_free() and (kv.table.table == -1).all()
-    with build_engine([*PLAIN, f"model.path={target}"]) as eng:
-        expected = eng.generate(prompt_token_ids=prompts, sampling=params)
-    assert [o.token_ids for o in outs] == [o.token_ids for o in expected]
+    random_requests_match_plain(target, overrides, 120, seed=7)
 
 
 def test_standalone_from_the_command_line_with_no_other_override(tmp_path):
