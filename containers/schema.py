@@ -42,6 +42,7 @@ class SpeculativeAlgorithm(str, Enum):
     eagle3 = "eagle3"
     ngram = "ngram"
     standalone = "standalone"
+    hybrid = "hybrid"
 
 
 class DraftKind(str, Enum):
@@ -98,6 +99,8 @@ class SpeculativeConfig:
     # ngram: the request's suffix matched against its own earlier tokens, longest first, min..max tokens
     ngram_min_match: int = 1
     ngram_max_match: int = 4
+    # hybrid: a cycle drafts with n-gram alone when every request matched a suffix this long
+    ngram_trust: int = 2
 
 
 @dataclass

@@ -10,6 +10,7 @@ from engine.runner import ModelRunner
 from engine.speculative.backend_factory import DraftBackendFactory
 from engine.speculative.chain_buffers import ChainBuffers
 from engine.speculative.draft_worker import EagleDraftWorker
+from engine.speculative.hybrid_drafter import HybridDrafter
 from engine.speculative.ngram_drafter import NgramDrafter
 from engine.speculative.standalone_drafter import StandaloneDrafter
 from engine.speculative.state import SpecRuntimeState
@@ -72,14 +73,20 @@ class SpeculativeContainer(containers.DeclarativeContainer):
         NgramDrafter, min_match=config.speculative.ngram_min_match, max_match=config.speculative.ngram_max_match,
         max_branches=config.speculative.topk, device=device,
     )
+    hybrid_drafter = Singleton(
+        HybridDrafter, draft_runner=draft_runner, req_to_token=req_to_token, buffers=chain_buffers,
+        sampler=sampler, draft_sampling=config.speculative.draft_sampling,
+        tree_score_temperature=config.speculative.tree_score_temperature, ngram=ngram_drafter,
+        ngram_trust=config.speculative.ngram_trust,
+    )
     # the drafter `speculative.algorithm` names; n-gram loads no draft model and has no draft backends
     drafter = providers.Selector(
         config.speculative.algorithm, eagle=eagle_drafter, eagle3=eagle_drafter, ngram=ngram_drafter,
-        standalone=standalone_drafter,
+        standalone=standalone_drafter, hybrid=hybrid_drafter,
     )
     backend_factory = providers.Selector(
         config.speculative.algorithm, eagle=head_backend_factory, eagle3=head_backend_factory,
-        standalone=head_backend_factory, ngram=providers.Object(None),
+        standalone=head_backend_factory, hybrid=head_backend_factory, ngram=providers.Object(None),
     )
     verify_buffers = providers.Factory(
         VerifyBuffers, max_requests=config.cache.max_running_requests, num_steps=num_steps, device=device,

@@ -8,7 +8,8 @@ from engine.speculative.adaptive.tiers import middle_candidate
 
 
 # the draft model each speculative algorithm loads (none: no draft model)
-DRAFT_KIND = {"none": "none", "eagle": "eagle", "eagle3": "eagle3", "ngram": "none", "standalone": "lm"}
+DRAFT_KIND = {"none": ("none",), "eagle": ("eagle",), "eagle3": ("eagle3",), "ngram": ("none",),
+              "standalone": ("lm",), "hybrid": ("eagle3", "eagle")}
 
 # metrics a run can return to a sweeper -> whether only speculative runs have it
 OBJECTIVES = {"tokens_per_s": False, "generated_tokens": False, "generate_time_s": False, "forward_steps": False,
@@ -42,19 +43,21 @@ def validate_config(config: dict) -> dict:
     _positive(config, "speculative", "topk", minimum=1)
     if spec["num_draft_tokens"] is None:  # a chain's nodes; a tree's default: every step's frontier + the root
         spec["num_draft_tokens"] = spec["num_steps"] * spec["topk"] + 1
+        if spec["algorithm"] == "hybrid" and spec["topk"] > 1:  # and room for the n-gram branches
+            spec["num_draft_tokens"] += spec["num_steps"] * spec["topk"]
     _positive(config, "speculative", "num_draft_tokens", minimum=1)
     if spec["algorithm"] == "none" and spec["num_steps"] != 0:
         raise ConfigError(
             f"speculative.num_steps must be 0 when speculative.algorithm is 'none', got {spec['num_steps']}; "
             "choose a speculative algorithm to draft tokens"
         )
-    head = DRAFT_KIND[spec["algorithm"]]
-    if config["draft"]["kind"] != head:
+    kinds = DRAFT_KIND[spec["algorithm"]]
+    if config["draft"]["kind"] not in kinds:
         raise ConfigError(
-            f"speculative.algorithm={spec['algorithm']!r} needs draft.kind={head!r}, got "
+            f"speculative.algorithm={spec['algorithm']!r} needs draft.kind in {list(kinds)}, got "
             f"draft.kind={config['draft']['kind']!r}; set draft={spec['algorithm']} or leave the draft group unset"
         )
-    if spec["algorithm"] == "ngram":
+    if spec["algorithm"] in ("ngram", "hybrid"):
         _validate_ngram(spec)
     notices = _validate_adaptive(config)
     if spec["topk"] > 1:
@@ -85,12 +88,15 @@ def validate_config(config: dict) -> dict:
 
 
 def _validate_ngram(spec: dict) -> None:
-    low, high = spec["ngram_min_match"], spec["ngram_max_match"]
+    low, high, trust = spec["ngram_min_match"], spec["ngram_max_match"], spec["ngram_trust"]
     if not isinstance(low, int) or low < 1:
         raise ConfigError(f"speculative.ngram_min_match must be an integer >= 1, got {low!r}")
     if not isinstance(high, int) or high < low:
         raise ConfigError(f"speculative.ngram_max_match must be an integer >= speculative.ngram_min_match ({low}), "
                           f"got {high!r}")
+    if not isinstance(trust, int) or trust < 1:
+        raise ConfigError(f"speculative.ngram_trust must be an integer >= 1 (a match length; above "
+                          f"ngram_max_match={high}: the head always runs), got {trust!r}")
 
 
 def _validate_tree(config: dict) -> None:
@@ -105,9 +111,14 @@ def _validate_tree(config: dict) -> None:
     if not isinstance(temperature, (int, float)) or temperature <= 0:
         raise ConfigError(f"speculative.tree_score_temperature must be > 0 (1 = EAGLE-2's scores), got {temperature!r}")
     most = max_tree_nodes(topk, steps)
+    branches = ""
+    if spec["algorithm"] == "hybrid":  # the n-gram branches: topk continuations of num_steps tokens
+        most += topk * steps
+        branches = " + topk * num_steps n-gram nodes"
     if not 2 <= nodes <= most:
         raise ConfigError(f"speculative.num_draft_tokens must be in 2..{most} with topk={topk} and num_steps={steps} "
-                          f"(the root plus at most topk + (num_steps - 1) * topk^2 proposed nodes), got {nodes}")
+                          f"(the root plus at most topk + (num_steps - 1) * topk^2 proposed nodes{branches}), "
+                          f"got {nodes}")
 
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")

@@ -15,7 +15,8 @@ Systems (`--systems`, short names): ct2 (CTranslate2, converted here from the sa
 hf (transformers `generate`), hf_lookup (prompt lookup, 10 tokens), hf_assisted (the shipped draft
 LM as assistant model), eyas (plain decoding), eyas_spec (default config: EAGLE-3, k = 3),
 eyas_adaptive (`adaptive=throughput`), eyas_ngram (`speculative=ngram`: prompt lookup) and
-eyas_standalone (`speculative=standalone`: the shipped draft LM); their ratios to transformers' prompt
+eyas_standalone (`speculative=standalone`: the shipped draft LM), eyas_hybrid (`speculative=hybrid`:
+the EAGLE-3 head and n-gram lookup); the ratios of the first two to transformers' prompt
 lookup and assisted generation are printed too. transformers' prompt lookup and assisted generation run at
 batch 1 only. Needs the optional packages: pip install '.[bench]'.
 """
@@ -45,11 +46,12 @@ from engine.tokenizer import Tokenizer  # noqa: E402
 
 SYSTEMS = {"ct2": "ct2 plain", "hf": "transformers plain", "hf_lookup": "transformers prompt lookup",
            "hf_assisted": "transformers assisted", "eyas": "eyas plain", "eyas_spec": "eyas default",
-           "eyas_adaptive": "eyas adaptive", "eyas_ngram": "eyas n-gram", "eyas_standalone": "eyas standalone"}
+           "eyas_adaptive": "eyas adaptive", "eyas_ngram": "eyas n-gram", "eyas_standalone": "eyas standalone",
+           "eyas_hybrid": "eyas hybrid"}
 BATCH1_ONLY = {"hf_lookup", "hf_assisted"}
 EYAS_OVERRIDES = {"eyas": ["speculative=none", "draft=none"], "eyas_spec": [],
                   "eyas_adaptive": ["adaptive=throughput"], "eyas_ngram": ["speculative=ngram"],
-                  "eyas_standalone": ["speculative=standalone"]}
+                  "eyas_standalone": ["speculative=standalone"], "eyas_hybrid": ["speculative=hybrid"]}
 # eyas drafters and the transformers peer that drafts the same way: their ratio is printed per batch
 PEERS = {"eyas_ngram": "hf_lookup", "eyas_standalone": "hf_assisted"}
 

@@ -103,14 +103,19 @@ def test_no_kv_leak_after_random_requests_with_ngram(spec_pair):
     random_requests_match_plain(spec_pair[0], overrides, 150, seed=5, vocab=40)  # few ids: many repeats
 
 
-def test_ngram_from_the_command_line_with_no_other_override(tmp_path):
-    proc = run_cli("speculative=ngram", "sampling.max_new_tokens=32", cwd=tmp_path)
+def assert_cli_run_equals_plain(algorithm: str, tmp_path) -> None:
+    """`python -m engine speculative=<algorithm>` alone runs, speculates, and prints plain decoding's text."""
+    proc = run_cli(f"speculative={algorithm}", "sampling.max_new_tokens=32", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "tau" in proc.stdout
     plain = run_cli("speculative=none", "sampling.max_new_tokens=32", cwd=tmp_path)
     outputs = sorted(tmp_path.glob("outputs/*/*/outputs.json"))
     texts = [json.loads(p.read_text())["outputs"][0]["text"] for p in outputs]
     assert plain.returncode == 0 and len(texts) == 2 and texts[0] == texts[1]
+
+
+def test_ngram_from_the_command_line_with_no_other_override(tmp_path):
+    assert_cli_run_equals_plain("ngram", tmp_path)
 
 
 @pytest.mark.parametrize("override,field", [
@@ -121,3 +126,65 @@ def test_ngram_from_the_command_line_with_no_other_override(tmp_path):
 def test_ngram_config_errors_name_the_field(spec_pair, override, field):
     with pytest.raises(ConfigError, match=field):
         build_engine([f"model.path={spec_pair[0]}", "speculative=ngram", override])
+
+
+# --- hybrid: the EAGLE head and n-gram lookup in one drafter ---
+
+def hybrid_overrides(target, head, kind, num_steps=3, topk=1, nodes=None, *extra):
+    nodes = nodes if nodes is not None else num_steps * topk + 1 + (num_steps * topk if topk > 1 else 0)
+    return [f"model.path={target}", "speculative=hybrid", f"draft={kind}", f"draft.path={head}", "adaptive=off",
+            f"speculative.num_steps={num_steps}", f"speculative.topk={topk}", f"speculative.num_draft_tokens={nodes}",
+            *extra]
+
+
+@pytest.mark.parametrize("kind,steps,topk,nodes,trust", [
+    ("eagle3", 3, 1, None, 2), ("eagle", 4, 1, None, 1), ("eagle3", 3, 2, None, 2), ("eagle", 4, 4, 14, 3)])
+def test_hybrid_is_lossless_at_batch_16(spec_pair, plain, kind, steps, topk, nodes, trust):
+    target, heads = spec_pair
+    with build_engine(hybrid_overrides(target, heads[kind], kind, steps, topk, nodes,
+                                       f"speculative.ngram_trust={trust}")) as eng:
+        outs = eng.generate(PROMPTS, PARAMS)
+        assert eng.metrics()["mean_accept_length"] > 1.3
+        assert eng.scheduler.kv.all_free()
+    assert [o.token_ids for o in outs] == plain
+
+
+def test_hybrid_runs_the_head_only_where_the_lookup_is_not_trusted(spec_pair, plain):
+    """Trust 1: cycles where every request's suffix occurred before draft by lookup alone; the head
+    drafts the others, after catching up its held draft-extend, and output stays plain decoding's."""
+    target, heads = spec_pair
+    overrides = hybrid_overrides(target, heads["eagle3"], "eagle3", 3, 1, None, "speculative.ngram_trust=1")
+    with build_engine(overrides) as eng:
+        drafts = []
+        draft = eng.worker.drafter.draft
+        eng.worker.drafter.draft = lambda *a, **kw: drafts.append(1) or draft(*a, **kw)
+        outs = eng.generate(PROMPTS, PARAMS)
+    assert [o.token_ids for o in outs] == plain
+    assert 0 < len(drafts) < eng.metrics()["num_verify_cycles"]
+
+
+def test_hybrid_on_triton_and_under_adaptive_control(spec_pair, plain):
+    target, heads = spec_pair
+    params = [SamplingParams(max_new_tokens=10, ignore_eos=True)] * 3
+    with build_engine([*PLAIN, f"model.path={target}"]) as eng:
+        expected = [o.token_ids for o in eng.generate(PROMPTS[:3], params)]
+    with build_engine(hybrid_overrides(target, heads["eagle"], "eagle", 3, 2, None, "attention=triton")) as eng:
+        assert [o.token_ids for o in eng.generate(PROMPTS[:3], params)] == expected
+    overrides = [f"model.path={target}", "speculative=hybrid", "draft=eagle3", f"draft.path={heads['eagle3']}",
+                 "adaptive=throughput"]
+    with build_engine(overrides) as eng:
+        assert [o.token_ids for o in eng.generate(PROMPTS, PARAMS)] == plain
+
+
+def test_hybrid_from_the_command_line_with_no_other_override(tmp_path):
+    assert_cli_run_equals_plain("hybrid", tmp_path)
+
+
+@pytest.mark.parametrize("override,field", [
+    ("speculative.ngram_trust=0", "speculative.ngram_trust"),
+    ("draft=ngram", "draft.kind"),
+    ("speculative.topk=2 speculative.num_draft_tokens=40", "speculative.num_draft_tokens"),
+])
+def test_hybrid_config_errors_name_the_field(spec_pair, override, field):
+    with pytest.raises(ConfigError, match=field):
+        build_engine([f"model.path={spec_pair[0]}", "speculative=hybrid", *override.split()])

@@ -3,7 +3,6 @@ batch 16 (chains and trees, greedy and seeded sampling, both draft sampling mode
 backends, adaptive), its KV rolled back exactly (the target as its own drafter accepts every greedy
 draft), the command line with no other override, and a draft LM that does not fit."""
 
-import json
 
 import pytest
 
@@ -11,7 +10,7 @@ from conftest import PLAIN, random_requests_match_plain
 from engine import SamplingParams, build_engine
 from engine.assets import asset_path
 from engine.errors import CheckpointError
-from test_cli import run_cli
+from test_spec_ngram import assert_cli_run_equals_plain
 from test_spec_trees import PARAMS, PROMPTS
 
 
@@ -81,13 +80,7 @@ def test_no_kv_leak_after_random_requests_with_standalone(spec_pair):
 
 
 def test_standalone_from_the_command_line_with_no_other_override(tmp_path):
-    proc = run_cli("speculative=standalone", "sampling.max_new_tokens=32", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    assert "tau" in proc.stdout
-    plain = run_cli("speculative=none", "sampling.max_new_tokens=32", cwd=tmp_path)
-    outputs = sorted(tmp_path.glob("outputs/*/*/outputs.json"))
-    texts = [json.loads(p.read_text())["outputs"][0]["text"] for p in outputs]
-    assert plain.returncode == 0 and len(texts) == 2 and texts[0] == texts[1]
+    assert_cli_run_equals_plain("standalone", tmp_path)
 
 
 def test_a_draft_lm_with_another_vocabulary_is_refused(spec_pair):

@@ -17,6 +17,7 @@ class EagleDraftWorker:
     """Its step count and backends (`num_steps`, `draft_decode_backend`, `draft_extend_backend`, and
     `draft_runner.attn_backend`) are bound from a `SpecRuntimeState` by `bindings.bind_runtime_state`."""
 
+
     def __init__(self, draft_runner: ModelRunner, req_to_token: torch.Tensor, buffers: ChainBuffers,
                  sampler: Sampler, draft_sampling: str, tree_score_temperature: float = 1.0):
         self.draft_runner = draft_runner

@@ -51,6 +51,10 @@ class NgramDrafter:
         """Up to `count` distinct continuations of at most `num_steps` tokens per request, best first."""
         return [self._branches(r, self.num_steps, count) for r in requests]
 
+    def longest_matches(self, requests: list[Request]) -> list[int]:
+        """Per request, the length of the longest suffix that occurred before (0: none)."""
+        return [max((n for n, _ in self.indexes[r.row].matches(1)), default=0) for r in requests]
+
     def after_verify(self, requests: list[Request], prefix_lens: list[int], emitted: list[list[int]],
                      out: ForwardOutput, keep: torch.Tensor) -> None:
         for request, tokens in zip(requests, emitted):

@@ -33,13 +33,17 @@ class NgramIndex:
         """Up to `max_branches` distinct continuations of at most `max_tokens` tokens each, best
         first: the newest occurrence of the longest matching suffix, then older ones and shorter
         suffixes. Empty when no suffix of min_match tokens occurred before."""
-        branches: list[list[int]] = []
+        return [branch for _, branch in self.matches(max_tokens)]
+
+    def matches(self, max_tokens: int) -> list[tuple[int, list[int]]]:
+        """`propose`'s continuations, each with the length of the suffix it matched."""
+        found: list[tuple[int, list[int]]] = []
         size = len(self.tokens)
         for n in range(min(self.max_match, size - 1), self.min_match - 1, -1):
             for end in self._ends.get(tuple(self.tokens[size - n:]), ()):
                 branch = self.tokens[end + 1:end + 1 + max_tokens]
-                if branch not in branches:
-                    branches.append(branch)
-                    if len(branches) == self.max_branches:
-                        return branches
-        return branches
+                if all(branch != b for _, b in found):
+                    found.append((n, branch))
+                    if len(found) == self.max_branches:
+                        return found
+        return found

@@ -30,7 +30,6 @@ from engine.sampling import Sampler, SamplingBatch
 from engine.speculative.bindings import bind_runtime_state
 from engine.speculative.metrics import SpecCounters
 from engine.speculative.state import SpecRuntimeState
-from engine.speculative.tree import DraftTree
 from engine.speculative.verify import accept_lengths, walk_tree
 
 
@@ -154,6 +153,8 @@ class SpeculativeWorker:
         clock.lap("verify")
         self.drafter.after_verify(requests, seq_lens, emitted, out, keep)
         clock.lap("extend")
+        if self.controller is not None:
+            self.controller.observe(b, self.num_steps, [len(e) - 1 for e in emitted], clock.times)
         return emitted
 
     def _commit_tree_kv(self, rows: torch.Tensor, prefix: torch.Tensor, path: torch.Tensor,
