@@ -14,11 +14,12 @@ waves, prefill included. Each system's greedy ids are compared with eyas plain's
 Systems (`--systems`, short names): ct2 (CTranslate2, converted here from the same checkpoint),
 hf (transformers `generate`), hf_lookup (prompt lookup, 10 tokens), hf_assisted (the shipped draft
 LM as assistant model), eyas (plain decoding), eyas_spec (default config: EAGLE-3, k = 3),
-eyas_adaptive (`adaptive=throughput`), eyas_ngram (`speculative=ngram`: prompt lookup) and
-eyas_standalone (`speculative=standalone`: the shipped draft LM), eyas_hybrid (`speculative=hybrid`:
-the EAGLE-3 head and n-gram lookup); the ratios of the first two to transformers' prompt
-lookup and assisted generation are printed too. transformers' prompt lookup and assisted generation run at
-batch 1 only. Needs the optional packages: pip install '.[bench]'.
+eyas_adaptive (`adaptive=throughput`), eyas_ngram (`speculative=ngram`: prompt lookup; its lookup
+cost per step is printed), eyas_standalone (`speculative=standalone`: the shipped draft LM),
+eyas_hybrid (`speculative=hybrid`: the EAGLE-3 head and n-gram lookup) and eyas_tree (an EAGLE-3
+tree: topk 4, 5 steps, 16 nodes). The ratios of eyas_ngram and eyas_standalone to transformers'
+prompt lookup and assisted generation are printed too. transformers' prompt lookup and assisted
+generation run at batch 1 only. Needs the optional packages: pip install '.[bench]'.
 """
 
 import argparse
@@ -47,11 +48,12 @@ from engine.tokenizer import Tokenizer  # noqa: E402
 SYSTEMS = {"ct2": "ct2 plain", "hf": "transformers plain", "hf_lookup": "transformers prompt lookup",
            "hf_assisted": "transformers assisted", "eyas": "eyas plain", "eyas_spec": "eyas default",
            "eyas_adaptive": "eyas adaptive", "eyas_ngram": "eyas n-gram", "eyas_standalone": "eyas standalone",
-           "eyas_hybrid": "eyas hybrid"}
+           "eyas_hybrid": "eyas hybrid", "eyas_tree": "eyas EAGLE-3 tree 5x4/16"}
 BATCH1_ONLY = {"hf_lookup", "hf_assisted"}
 EYAS_OVERRIDES = {"eyas": ["speculative=none", "draft=none"], "eyas_spec": [],
                   "eyas_adaptive": ["adaptive=throughput"], "eyas_ngram": ["speculative=ngram"],
-                  "eyas_standalone": ["speculative=standalone"], "eyas_hybrid": ["speculative=hybrid"]}
+                  "eyas_standalone": ["speculative=standalone"], "eyas_hybrid": ["speculative=hybrid"],
+                  "eyas_tree": ["speculative.topk=4", "speculative.num_steps=5", "speculative.num_draft_tokens=16"]}
 # eyas drafters and the transformers peer that drafts the same way: their ratio is printed per batch
 PEERS = {"eyas_ngram": "hf_lookup", "eyas_standalone": "hf_assisted"}
 
@@ -132,6 +134,16 @@ def hf_generate(model, prompts: list[list[int]], n: int, **kwargs) -> list[list[
     return out[:, width:].tolist()  # [B, n] generated ids only
 
 
+class EyasRunner:
+    """An eyas engine as a runner: a batch of token-id prompts -> generated ids."""
+
+    def __init__(self, engine, max_new_tokens: int):
+        self.engine, self.max_new_tokens = engine, max_new_tokens
+
+    def __call__(self, prompts: list[list[int]]) -> list[list[int]]:
+        return eyas_generate(self.engine, prompts, self.max_new_tokens)
+
+
 def make_runners(args, pool: list[list[int]], tmp: str) -> tuple[dict, list]:
     # name -> fn(batch of token-id prompts) -> generated ids; plus the engines to close at the end
     target, n, runners, engines = asset_path("target"), args.max_new_tokens, {}, []
@@ -154,8 +166,15 @@ def make_runners(args, pool: list[list[int]], tmp: str) -> tuple[dict, list]:
         if name in args.systems:
             eng = build_engine(overrides=["device=cpu", "model.dtype=float32", *EYAS_OVERRIDES[name], *cache])
             engines.append(eng)
-            runners[name] = lambda ps, eng=eng: eyas_generate(eng, ps, n)
+            runners[name] = EyasRunner(eng, n)
     return {s: runners[s] for s in args.systems}, engines
+
+
+def lookup_cost(runner) -> tuple[float, int] | None:
+    """(seconds, steps) an eyas runner's n-gram drafter has spent so far; None without one."""
+    drafter = getattr(getattr(getattr(runner, "engine", None), "worker", None), "drafter", None)
+    ngram = getattr(drafter, "ngram", drafter)
+    return (ngram.lookup_seconds, ngram.lookup_steps) if hasattr(ngram, "lookup_seconds") else None
 
 
 def bench_batch(runners: dict, waves: list, n: int) -> dict:
@@ -261,8 +280,14 @@ def main() -> None:
         try:
             for b in args.batch_sizes:
                 active = {s: fn for s, fn in runners.items() if b == 1 or s not in BATCH1_ONLY}
+                lookups = {name: lookup_cost(runner) for name, runner in active.items()}
                 results[b] = bench_batch(active, make_waves(pool, b, args.num_prompts, args.rounds), n)
                 print(f"  batch {b}: done")
+                for name, before in lookups.items():
+                    if before is not None:
+                        seconds, steps = (after - was for after, was in zip(lookup_cost(active[name]), before))
+                        print(f"  batch {b}: {SYSTEMS[name]} lookup and index update {1e6 * seconds / max(steps, 1):.0f} "
+                              f"us per step ({steps} steps)")
         finally:
             for eng in engines:
                 eng.close()

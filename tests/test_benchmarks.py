@@ -22,6 +22,7 @@ def test_bench_peers_eyas_rows(tmp_path):
                      "--max-new-tokens", "6", "--num-prompts", "2", "--rounds", "1", "--out", str(tmp_path))
     assert "| 2 | eyas default |" in out and "| 2 | eyas n-gram |" in out
     assert "batch 1: eyas n-gram / transformers prompt lookup = " in out  # prompt lookup runs at batch 1 only
+    assert "batch 2: eyas n-gram lookup and index update " in out
     result = json.loads((tmp_path / "bench_peers.json").read_text())
     rows = [r for r in result["rows"] if r["tok_s"] is not None]
     assert {(r["batch"], r["system"]) for r in rows} == {

@@ -8,6 +8,8 @@ continuations into one trie of at most `num_draft_tokens - 1` nodes under the ro
 continuation fills hold the token -1, which the target's choice never equals: never accepted.
 """
 
+import time
+
 import torch
 
 from engine.request import Request
@@ -25,6 +27,8 @@ class NgramDrafter:
         self.min_match, self.max_match, self.max_branches = min_match, max_match, max_branches
         self.device = torch.device(device)
         self.indexes: dict[int, NgramIndex] = {}  # request-table row -> its tokens' index
+        self.lookup_seconds = 0.0  # host time spent in lookups and index updates, over `lookup_steps` steps
+        self.lookup_steps = 0
         self.num_steps = 0
         self.draft_decode_backend = None
         self.draft_extend_backend = None
@@ -36,7 +40,7 @@ class NgramDrafter:
 
     def propose(self, requests: list[Request], sampling: SamplingBatch) -> torch.Tensor:
         """[B, w] drafts, w the longest proposal (<= num_steps), shorter ones padded with -1."""
-        branches = [self._branches(r, self.num_steps, 1) for r in requests]
+        branches = self.branches(requests, 1)
         chains = [b[0] if b else [] for b in branches]
         width = max(map(len, chains))
         drafts = [c + [UNFILLED] * (width - len(c)) for c in chains]
@@ -49,7 +53,11 @@ class NgramDrafter:
 
     def branches(self, requests: list[Request], count: int) -> list[list[list[int]]]:
         """Up to `count` distinct continuations of at most `num_steps` tokens per request, best first."""
-        return [self._branches(r, self.num_steps, count) for r in requests]
+        start = time.perf_counter()
+        found = [self._branches(r, self.num_steps, count) for r in requests]
+        self.lookup_seconds += time.perf_counter() - start
+        self.lookup_steps += 1
+        return found
 
     def longest_matches(self, requests: list[Request]) -> list[int]:
         """Per request, the length of the longest suffix that occurred before (0: none)."""
@@ -57,8 +65,10 @@ class NgramDrafter:
 
     def after_verify(self, requests: list[Request], prefix_lens: list[int], emitted: list[list[int]],
                      out: ForwardOutput, keep: torch.Tensor) -> None:
+        start = time.perf_counter()
         for request, tokens in zip(requests, emitted):
             self.indexes[request.row].extend(tokens)
+        self.lookup_seconds += time.perf_counter() - start
 
     def _branches(self, request: Request, max_tokens: int, count: int) -> list[list[int]]:
         index = self.indexes[request.row]
