@@ -128,9 +128,9 @@ class EagleDraftWorker:
         requests with `draft_sampling: sample`, its first `topk` in the race the verification's noise
         runs at that depth (the first of them is the chain's coupled draw).
 
-        A step's forward covers every frontier node so far (later steps recompute the earlier ones,
-        which read the same inputs), each attending to the committed prefix, its ancestors and itself:
-        node i of the forward is written at column L + i (L = seq_lens) and sits at position L + depth - 1."""
+        Each later step's forward runs the frontier alone, one query per node: node j of step s is written
+        at column L + (s - 1) * topk + j (L = seq_lens), sits at position L + s - 1 and reads the committed
+        prefix, its ancestors' columns and its own, through a table of one row per node (`_path_table`)."""
         device = self.req_to_token.device
         row_t = torch.tensor(rows, dtype=torch.int64, device=device)
         hidden, logits = self.buffers.load(row_t)  # the root's: [B, H], [B, Vd]
@@ -157,33 +157,21 @@ class EagleDraftWorker:
         cand_depths = torch.ones(b, num_candidates, dtype=torch.int64, device=device)
         ids, logp = children(logits, 0)  # the root's children: depth 1
         cand_ids[:, :k], cand_scores[:, :k] = ids.view(b, k), logp.view(b, k)
-        # the forwards' nodes: frontier after frontier, with their parents' hidden states and their mask
-        most = max(self.num_steps - 1, 0) * k
-        node_ids = torch.empty(b, most, dtype=torch.int64, device=device)
-        node_hidden = torch.empty(b, most, hidden.shape[-1], dtype=hidden.dtype, device=device)
-        node_mask = torch.zeros(b, most, most, dtype=torch.bool, device=device)
-        node_depths = torch.arange(max(self.num_steps - 1, 1), device=device).repeat_interleave(k)  # depth - 1
-        batch_index = torch.arange(b, device=device)[:, None]
-        eye = torch.eye(k, dtype=torch.bool, device=device)
         frontier = torch.arange(k, device=device).expand(b, k)  # candidate index of each frontier node
         frontier_hidden = hidden[:, None, :].expand(b, k, hidden.shape[-1])  # each one's parent's hidden
-        frontier_parent = None  # each one's parent among the forward's nodes (None: the root)
+        ancestor_slots = torch.empty(b, k, 0, dtype=torch.int64, device=device)  # [B, k, s - 1] KV slots of each one's ancestors
+        row_prefix = self.req_to_token[row_t, : max(seq_lens)].repeat_interleave(k, dim=0)  # [B * k, max L]
+        node_rows = list(range(b * k))
         filled = k
         for step in range(1, self.num_steps):
-            lo, n = (step - 1) * k, step * k
-            node_ids[:, lo:n] = cand_ids.gather(1, frontier)
-            node_hidden[:, lo:n] = frontier_hidden
-            if frontier_parent is not None:  # a node sees what its parent sees, and itself
-                node_mask[:, lo:n, :lo] = node_mask[batch_index, frontier_parent, :lo]
-            node_mask[:, lo:n, lo:n] = eye
-            batch = ForwardBatch.for_tree(
-                rows, self.model.draft_to_target(node_ids[:, :n]), seq_lens,
-                prefix[:, None] + node_depths[None, :n], node_mask[:, :n, :n], self.req_to_token)
-            last = (batch_index * n + torch.arange(lo, n, device=device)).flatten()
-            out = self.draft_runner.forward(batch, logits_indices=last,
-                                            attn_backend=self.draft_decode_backend.backend_for_step(step - 1),
-                                            features=node_hidden[:, :n].reshape(b * n, -1))
-            step_hidden = out.hidden.view(b, n, -1)[:, lo:]  # [B, k, H] the frontier's outputs
+            own = self.req_to_token[row_t[:, None], prefix[:, None] + (step - 1) * k + torch.arange(k, device=device)]
+            path_slots = torch.cat([ancestor_slots, own[:, :, None]], dim=2)  # [B, k, s]
+            table = _path_table(row_prefix, prefix.repeat_interleave(k), path_slots.view(b * k, step))
+            batch = ForwardBatch.from_tails(node_rows, self.model.draft_to_target(cand_ids.gather(1, frontier)).view(b * k, 1),
+                                            [n + step - 1 for n in seq_lens for _ in range(k)], table)
+            out = self.draft_runner.forward(batch, attn_backend=self.draft_decode_backend.backend_for_step(step - 1),
+                                            features=frontier_hidden.reshape(b * k, -1))
+            step_hidden = out.hidden.view(b, k, -1)  # [B, k, H] the frontier's outputs
             ids, logp = children(out.logits, step)  # [B, k, k]
             scores = (cand_scores.gather(1, frontier)[:, :, None] + logp).view(b, k * k)
             new = slice(filled, filled + k * k)
@@ -193,10 +181,21 @@ class EagleDraftWorker:
             if step == self.num_steps - 1:
                 break
             best = scores.topk(k, dim=1).indices  # [B, k] of the k*k new candidates
+            parent = (best // k)[:, :, None]  # [B, k, 1] the frontier node each one extends
             frontier = filled + best
-            frontier_hidden = step_hidden.gather(1, (best // k)[:, :, None].expand(b, k, step_hidden.shape[-1]))
-            frontier_parent = lo + best // k
+            frontier_hidden = step_hidden.gather(1, parent.expand(b, k, step_hidden.shape[-1]))
+            ancestor_slots = path_slots.gather(1, parent.expand(b, k, step))
             filled += k * k
         tree = select_tree(bonus, cand_ids, cand_parents, cand_scores, cand_depths, num_nodes)
         tree.tokens[:, 1:] = self.model.draft_to_target(tree.tokens[:, 1:])
         return tree
+
+
+def _path_table(row_prefix: torch.Tensor, prefix_lens: torch.Tensor, path_slots: torch.Tensor) -> torch.Tensor:
+    """A request-to-token table with one row per tree node: its request's committed slots (row_prefix
+    [M, max L], the first prefix_lens [M] of them), then the slots of its path from depth 1 down to itself
+    (path_slots [M, s]). Node m's KV reads are row m's first prefix_lens[m] + s entries."""
+    m, s = path_slots.shape
+    table = torch.cat([row_prefix, path_slots.new_zeros(m, s)], dim=1)
+    table.scatter_(1, prefix_lens[:, None] + torch.arange(s, device=table.device), path_slots)
+    return table
