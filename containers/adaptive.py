@@ -1,11 +1,12 @@
 """Candidate runtime states of adaptive speculation, each built under a `ProviderScope` that sets the
-step count for the duration of the build and leaves the live worker exactly as it was."""
+step count and tree shape for the duration of the build and leaves the live worker exactly as it was."""
 
 from dependency_injector import providers
 
 from containers.scope import BindingGuard, BuildTrackingSingleton, ProviderScope
 from engine.speculative.bindings import restore_bindings, snapshot_bindings
 from engine.speculative.state import SpecRuntimeState
+from engine.speculative.tree import TreeShape
 
 
 def live_bindings(container) -> BindingGuard:
@@ -22,28 +23,31 @@ def live_bindings(container) -> BindingGuard:
     return BindingGuard(snapshot, restore)
 
 
-def speculative_scope(container, num_steps: int) -> ProviderScope:
-    """A scope in which `container.speculative.num_steps` is `num_steps`."""
+def speculative_scope(container, candidate: int | TreeShape) -> ProviderScope:
+    """A scope in which `container.speculative` builds for `candidate`: a step count (a chain) or a tree shape."""
+    shape = candidate if isinstance(candidate, TreeShape) else TreeShape(candidate, 1, candidate + 1)
+    spec = container.speculative
     return ProviderScope(
-        overrides={container.speculative.num_steps: providers.Object(num_steps)},
+        overrides={spec.num_steps: providers.Object(shape.num_steps), spec.topk: providers.Object(shape.topk),
+                   spec.num_draft_tokens: providers.Object(shape.num_draft_tokens)},
         singletons=container.traverse(types=[BuildTrackingSingleton]),
         bindings=live_bindings(container),
         key=container,
     )
 
 
-def build_adaptive_runtime_state(container, num_steps: int) -> SpecRuntimeState:
-    with speculative_scope(container, num_steps):
+def build_adaptive_runtime_state(container, candidate: int | TreeShape) -> SpecRuntimeState:
+    with speculative_scope(container, candidate):
         return container.speculative.runtime_state()
 
 
-def build_candidate_states(container, candidates: list[int]) -> dict[int, SpecRuntimeState]:
+def build_candidate_states(container, candidates: list) -> dict:
     """The live worker's state plus one state per other candidate. The live worker is built first,
     outside any scope, so every shared singleton (models, pools, draft state) is built with the
     configured values."""
     live = container.spec_worker()
-    states = {live.state.num_steps: live.state}
-    for k in candidates:
-        if k not in states:
-            states[k] = build_adaptive_runtime_state(container, k)
+    states = {live.state.candidate: live.state}
+    for candidate in candidates:
+        if candidate not in states:
+            states[candidate] = build_adaptive_runtime_state(container, candidate)
     return states

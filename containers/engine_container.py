@@ -19,7 +19,7 @@ from engine.speculative.adaptive.acceptance import AcceptanceModel
 from engine.speculative.adaptive.controller import AdaptiveController
 from engine.speculative.adaptive.ema import EmaPolicy
 from engine.speculative.adaptive.throughput import ThroughputPolicy
-from engine.speculative.adaptive.tiers import build_tiers
+from engine.speculative.adaptive.tiers import build_tiers, configured_candidate
 from engine.speculative.worker import SpeculativeWorker
 from engine.stopping import StopChecker
 from engine.worker import DecodeWorker
@@ -32,8 +32,7 @@ class EngineContainer(containers.DeclarativeContainer):
     models = providers.Container(ModelContainer, config=config)
     lookahead_tokens = providers.Callable(
         factories.lookahead_tokens, config.speculative.algorithm,
-        providers.Callable(factories.max_steps, config.speculative.num_steps, config.adaptive),
-        config.speculative.topk, config.speculative.num_draft_tokens)
+        providers.Callable(factories.speculative_shapes, config.speculative, config.adaptive))
     cache = providers.Container(
         CacheContainer, config=config.cache, device=models.device, target_model=models.target_model,
         lookahead_tokens=lookahead_tokens,
@@ -62,7 +61,10 @@ class EngineContainer(containers.DeclarativeContainer):
     )
 
     # adaptive speculation: one policy per batch-size tier, one prebuilt runtime state per candidate
-    adaptive_tiers = providers.Callable(build_tiers, config.adaptive.tiers, config.speculative.num_steps)
+    adaptive_tiers = providers.Callable(
+        build_tiers, config.adaptive.tiers,
+        providers.Callable(configured_candidate, config.speculative.num_steps, config.speculative.topk,
+                           config.speculative.num_draft_tokens))
     acceptance_model = Singleton(AcceptanceModel, decay=providers.Callable(factories.decay_of, config.adaptive.ema_alpha))
     ema_policy = providers.Factory(
         EmaPolicy, ema_alpha=config.adaptive.ema_alpha, update_interval=config.adaptive.update_interval,

@@ -8,6 +8,8 @@ from engine.cache.kv_pool import PagedKVPool
 from engine.errors import ConfigError
 from engine.models.config import DTYPES
 from engine.sampling_params import SamplingParams
+from engine.speculative.adaptive.tiers import parse_candidate, sorted_candidates
+from engine.speculative.tree import TreeShape
 from engine.tokenizer import Tokenizer
 
 
@@ -76,26 +78,33 @@ def model_dtype(name: str) -> str:
     return name
 
 
-def lookahead_tokens(algorithm: str, max_steps: int, topk: int = 1, num_draft_tokens: int | None = None) -> int:
-    """KV positions a speculative step may write past the committed length: the verify chain, or a
-    tree's nodes and the draft forwards' frontier nodes."""
+def lookahead_tokens(algorithm: str, shapes: list[TreeShape]) -> int:
+    """KV positions a speculative step may write past the committed length, over every shape the worker
+    may run: the verify chain, or a tree's nodes and the draft forwards' frontier nodes."""
     if algorithm == "none":
         return 0
-    if topk == 1:
-        return max_steps + 1
     # a standalone LM's draft nodes sit one column past an EAGLE head's (after the root's)
-    return max(max_steps + 1, num_draft_tokens, (max_steps - 1) * topk + 1)
+    return max(s.num_steps + 1 if s.topk == 1 else max(s.num_steps + 1, s.num_draft_tokens, (s.num_steps - 1) * s.topk + 1)
+               for s in shapes)
 
 
-def max_steps(num_steps: int, adaptive: dict) -> int:
-    """The largest step count the worker may run: adaptive speculation may pick any candidate."""
-    if adaptive["policy"] == "off":
-        return num_steps
-    return max([num_steps, *(c for tier in adaptive["tiers"] for c in tier["candidates"])])
+def speculative_shapes(spec: dict, adaptive: dict) -> list[TreeShape]:
+    """The configured shape and, with adaptive speculation, every candidate's (a chain of k: k x 1 / k + 1)."""
+    shapes = [TreeShape(spec["num_steps"], spec["topk"], spec["num_draft_tokens"])]
+    if adaptive["policy"] != "off":
+        for candidate in adaptive_candidates(adaptive):
+            shapes.append(candidate if isinstance(candidate, TreeShape) else TreeShape(candidate, 1, candidate + 1))
+    return shapes
 
 
-def adaptive_candidates(adaptive: dict) -> list[int]:
-    return sorted({c for tier in adaptive["tiers"] for c in tier["candidates"]})
+def max_topk(spec: dict, adaptive: dict) -> int:
+    """The most children per node of any shape the worker may run."""
+    return max(shape.topk for shape in speculative_shapes(spec, adaptive))
+
+
+def adaptive_candidates(adaptive: dict) -> list:
+    """Every tier's candidates: step counts and TreeShapes, ordered by `shape_sort_key`."""
+    return sorted_candidates(parse_candidate(c) for tier in adaptive["tiers"] for c in tier["candidates"])
 
 
 def enable_adaptive(worker, states: dict, controller):

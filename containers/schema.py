@@ -6,7 +6,7 @@ Enum fields list their allowed values in Hydra's own error message. Cross-field 
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Optional
+from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -113,7 +113,8 @@ class AttentionConfig:
 @dataclass
 class AdaptiveTier:
     batch_size: int = MISSING  # batches up to this size (padded up) use this tier
-    candidates: list[int] = MISSING  # step counts to choose from, sorted, >= 0
+    # step counts to choose from (sorted, >= 0), then tree shapes {num_steps, topk, num_draft_tokens}
+    candidates: list[Any] = MISSING
 
 
 def _default_tiers() -> list[AdaptiveTier]:

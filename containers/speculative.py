@@ -26,8 +26,10 @@ class SpeculativeContainer(containers.DeclarativeContainer):
     verify_backend = providers.Dependency()  # builds a fresh target attention backend per call
     sampler = providers.Dependency()
 
-    # the step count everything below is built for; adaptive speculation overrides it in a scope
+    # the step count and tree shape everything below is built for; adaptive speculation overrides them in a scope
     num_steps = providers.Callable(int, config.speculative.num_steps)
+    topk = providers.Callable(int, config.speculative.topk)
+    num_draft_tokens = providers.Callable(int, config.speculative.num_draft_tokens)
 
     draft_model = Singleton(
         load_draft, path=config.draft.path, kind=config.draft.kind, target=target_model,
@@ -71,7 +73,7 @@ class SpeculativeContainer(containers.DeclarativeContainer):
     )
     ngram_drafter = Singleton(
         NgramDrafter, min_match=config.speculative.ngram_min_match, max_match=config.speculative.ngram_max_match,
-        max_branches=config.speculative.topk, device=device,
+        max_branches=providers.Callable(factories.max_topk, config.speculative, config.adaptive), device=device,
     )
     hybrid_drafter = Singleton(
         HybridDrafter, draft_runner=draft_runner, req_to_token=req_to_token, buffers=chain_buffers,
@@ -94,5 +96,5 @@ class SpeculativeContainer(containers.DeclarativeContainer):
     # everything that depends on the step count, built fresh on each call
     runtime_state = providers.Factory(
         SpecRuntimeState.create, num_steps=num_steps, backend_factory=backend_factory, verify_backend=verify_backend,
-        verify_buffers=verify_buffers, topk=config.speculative.topk, num_draft_tokens=config.speculative.num_draft_tokens,
+        verify_buffers=verify_buffers, topk=topk, num_draft_tokens=num_draft_tokens,
     )

@@ -4,7 +4,8 @@ from engine.errors import ConfigError
 from engine.serve.chat_template import ChatTemplate
 from engine.speculative.tree import max_tree_nodes
 from engine.sampling_params import SamplingParams
-from engine.speculative.adaptive.tiers import middle_candidate
+from engine.speculative.adaptive.tiers import configured_candidate, middle_candidate, parse_candidate
+from engine.speculative.tree import TreeShape
 
 
 # the draft model each speculative algorithm loads (none: no draft model)
@@ -110,15 +111,38 @@ def _validate_tree(config: dict) -> None:
     temperature = spec["tree_score_temperature"]
     if not isinstance(temperature, (int, float)) or temperature <= 0:
         raise ConfigError(f"speculative.tree_score_temperature must be > 0 (1 = EAGLE-2's scores), got {temperature!r}")
-    most = max_tree_nodes(topk, steps)
-    branches = ""
-    if spec["algorithm"] == "hybrid":  # the n-gram branches: topk continuations of num_steps tokens
-        most += topk * steps
-        branches = " + topk * num_steps n-gram nodes"
+    most, branches = _tree_node_range(spec["algorithm"], topk, steps)
     if not 2 <= nodes <= most:
         raise ConfigError(f"speculative.num_draft_tokens must be in 2..{most} with topk={topk} and num_steps={steps} "
                           f"(the root plus at most topk + (num_steps - 1) * topk^2 proposed nodes{branches}), "
                           f"got {nodes}")
+
+
+def _tree_node_range(algorithm: str, topk: int, steps: int) -> tuple[int, str]:
+    """The most nodes a tree of `steps` expansion steps of `topk` children holds, and what the hybrid adds."""
+    if algorithm == "hybrid":  # the n-gram branches: topk continuations of num_steps tokens
+        return max_tree_nodes(topk, steps) + topk * steps, " + topk * num_steps n-gram nodes"
+    return max_tree_nodes(topk, steps), ""
+
+
+TREE_KEYS = ("num_steps", "topk", "num_draft_tokens")
+
+
+def _tree_candidate(algorithm: str, where: str, value) -> TreeShape:
+    """A tier's tree candidate {num_steps, topk, num_draft_tokens}, checked like speculative.* for a tree."""
+    if not isinstance(value, dict) or sorted(value) != sorted(TREE_KEYS):
+        raise ConfigError(f"{where} must be a step count >= 0 or a tree shape "
+                          f"{{num_steps: S, topk: K, num_draft_tokens: N}}, got {value!r}")
+    steps, topk, nodes = (value[key] for key in TREE_KEYS)
+    if not all(isinstance(v, int) for v in (steps, topk, nodes)) or steps < 1 or topk < 2:
+        raise ConfigError(f"{where}: a tree shape needs integers num_steps >= 1 and topk >= 2 "
+                          f"(topk 1 is the chain: list its step count), got {value!r}")
+    most, branches = _tree_node_range(algorithm, topk, steps)
+    if not 2 <= nodes <= most:
+        raise ConfigError(f"{where}.num_draft_tokens must be in 2..{most} with topk={topk} and num_steps={steps} "
+                          f"(the root plus at most topk + (num_steps - 1) * topk^2 proposed nodes{branches}), "
+                          f"got {nodes}")
+    return TreeShape(steps, topk, nodes)
 
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
@@ -150,8 +174,6 @@ def _validate_adaptive(config: dict) -> list[str]:
     if spec["algorithm"] == "none":
         raise ConfigError(f"adaptive.policy={policy!r} needs speculative decoding, but speculative.algorithm is 'none'; "
                           "set speculative=eagle3 (or eagle), or adaptive=off")
-    if spec["topk"] != 1:
-        raise ConfigError(f"adaptive.policy={policy!r} needs chain drafting (speculative.topk=1), got topk={spec['topk']}")
     alpha = adaptive["ema_alpha"]
     if not isinstance(alpha, (int, float)) or not 0.0 < alpha <= 1.0:
         raise ConfigError(f"adaptive.ema_alpha must be in (0, 1], got {alpha!r}")
@@ -168,15 +190,34 @@ def _validate_adaptive(config: dict) -> list[str]:
             raise ConfigError(f"adaptive.tiers[{i}].batch_size must be an integer greater than the previous tier's "
                               f"({previous}): tiers are sorted by batch size, got {size!r}")
         previous = size
-        if not candidates or any(not isinstance(c, int) or c < 0 for c in candidates):
-            raise ConfigError(f"adaptive.tiers[{i}].candidates must be a non-empty list of step counts >= 0, got {candidates!r}")
-        if list(candidates) != sorted(set(candidates)):
-            raise ConfigError(f"adaptive.tiers[{i}].candidates must be sorted ascending without repeats, got {candidates!r}")
-    first = tiers[0]["candidates"]
-    if spec["num_steps"] in first:
+        _validate_candidates(spec["algorithm"], policy, i, candidates)
+    first = [parse_candidate(c) for c in tiers[0]["candidates"]]
+    configured = configured_candidate(spec["num_steps"], spec["topk"], spec["num_draft_tokens"])
+    if configured in first:
         return []
     start = middle_candidate(first)
-    notice = (f"adaptive: speculative.num_steps={spec['num_steps']} is not a candidate of the first tier "
-              f"{list(first)}; starting at its middle candidate, {start}")
-    spec["num_steps"], spec["num_draft_tokens"] = start, start + 1
+    name = f"speculative.num_steps={spec['num_steps']}" if spec["topk"] == 1 else f"the tree {configured}"
+    notice = (f"adaptive: {name} is not a candidate of the first tier "
+              f"{[str(c) for c in first]}; starting at its middle candidate, {start}")
+    shape = start if isinstance(start, TreeShape) else TreeShape(start, 1, start + 1)
+    spec["num_steps"], spec["topk"], spec["num_draft_tokens"] = shape.num_steps, shape.topk, shape.num_draft_tokens
     return [notice]
+
+
+def _validate_candidates(algorithm: str, policy: str, i: int, candidates: list) -> None:
+    """Step counts >= 0 sorted ascending without repeats, then distinct tree shapes (throughput policy only)."""
+    where = f"adaptive.tiers[{i}].candidates"
+    if not candidates:
+        raise ConfigError(f"{where} must be a non-empty list of step counts >= 0 (and tree shapes), got {candidates!r}")
+    chains = [c for c in candidates if not isinstance(c, dict)]
+    if any(not isinstance(c, int) or isinstance(c, bool) or c < 0 for c in chains):
+        raise ConfigError(f"{where} must hold step counts >= 0 and tree shapes "
+                          f"{{num_steps: S, topk: K, num_draft_tokens: N}}, got {candidates!r}")
+    if candidates[:len(chains)] != chains or chains != sorted(set(chains)):
+        raise ConfigError(f"{where} must list step counts ascending without repeats, then tree shapes; got {candidates!r}")
+    trees = [_tree_candidate(algorithm, f"{where}[{j}]", c) for j, c in enumerate(candidates) if isinstance(c, dict)]
+    if len(set(trees)) != len(trees):
+        raise ConfigError(f"{where} lists a tree shape twice: {[str(t) for t in trees]}")
+    if trees and policy != "throughput":
+        raise ConfigError(f"{where}: tree shapes need adaptive.policy=throughput (the {policy!r} policy walks step "
+                          f"counts only), got {[str(t) for t in trees]}")

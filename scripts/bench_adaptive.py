@@ -78,9 +78,12 @@ class Contender:
             self.wave_ends.append(sum(n for _, n in controller.history))
 
     def choices(self) -> list[list[int]]:
-        """The adaptive controller's [steps, cycles] runs (warmup included), or [] for a fixed configuration."""
+        """The adaptive controller's [steps, cycles] runs (warmup included; a tree shape at its step count),
+        or [] for a fixed configuration."""
         controller = self.engine.worker.controller if hasattr(self.engine.worker, "controller") else None
-        return [list(run) for run in controller.history] if controller is not None else []
+        if controller is None:
+            return []
+        return [[getattr(choice, "num_steps", choice), cycles] for choice, cycles in controller.history]
 
     def row(self) -> dict:
         metrics, base = self.engine.metrics(), self.base

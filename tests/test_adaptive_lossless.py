@@ -12,11 +12,15 @@ from containers.build import build_container
 from containers.compose import compose_config
 from engine import SamplingParams, build_engine
 from engine.request import Request
+from engine.speculative.tree import TreeShape
 
 PROMPTS = ["def add(a, b):", "import os", "class Point:\n    def __init__(self, x, y):", "for", "x = [1, 2, 3]"]
 # unequal lengths: the batch shrinks 5 -> 1 as requests finish, crossing tiers
 PARAMS = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (60, 24, 44, 12, 52)]
 TIERS = "adaptive.tiers=[{batch_size:2,candidates:[0,1,3,5]},{batch_size:8,candidates:[0,2,4]}]"
+TREE_TIERS = ("adaptive.tiers=[{batch_size:4,candidates:[1,3,{num_steps:3,topk:2,num_draft_tokens:6},"
+              "{num_steps:4,topk:4,num_draft_tokens:12}]},{batch_size:8,candidates:[0,2,{num_steps:2,topk:3,num_draft_tokens:7}]}]")
+TREE_LABELS = {"3x2/6", "4x4/12", "2x3/7"}
 
 
 class CyclingPolicy:
@@ -30,11 +34,12 @@ class CyclingPolicy:
         self.cycles = 0
 
     @property
-    def steps(self) -> int:
+    def choice(self) -> int:
         return self.order[(self.cycles // self.every) % len(self.order)]
 
-    def observe(self, num_steps, accepted_drafts, timings):
-        assert num_steps == self.steps and all(0 <= n <= num_steps for n in accepted_drafts)
+    def observe(self, candidate, accepted_drafts, timings):
+        depth = candidate.num_steps if isinstance(candidate, TreeShape) else candidate
+        assert candidate == self.choice and all(0 <= n <= depth for n in accepted_drafts)
         self.cycles += 1
 
 
@@ -43,22 +48,63 @@ def plain_outputs(spec_pair):
     return plain_token_ids(spec_pair[0], PROMPTS, PARAMS)
 
 
+def switch_every_cycle(overrides: list[str], plain_outputs):
+    """Generate PROMPTS with the CyclingPolicy in place of the configured one: output equals plain
+    decoding's and every KV page is free after. Returns (engine, metrics)."""
+    container = build_container(compose_config(overrides))
+    container.make_policy.override(providers.Object(CyclingPolicy))
+    engine = container.engine()
+    outs = engine.generate(PROMPTS, PARAMS)
+    assert [o.token_ids for o in outs] == plain_outputs
+    assert engine.scheduler.kv.all_free()
+    return engine, engine.metrics()
+
+
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_forced_switching_equals_plain(spec_pair, plain_outputs, kind, page_size):
     target, heads = spec_pair
-    config = compose_config([*spec_overrides(target, heads[kind], kind, 3, f"cache.page_size={page_size}"),
-                             "adaptive=ema", TIERS])
-    container = build_container(config)
-    container.make_policy.override(providers.Object(CyclingPolicy))
-    engine = container.engine()
-    outs = engine.generate(PROMPTS, PARAMS)
-    metrics = engine.metrics()
-    assert [o.token_ids for o in outs] == plain_outputs
-    assert engine.scheduler.kv.all_free()
+    _, metrics = switch_every_cycle([*spec_overrides(target, heads[kind], kind, 3, f"cache.page_size={page_size}"),
+                                     "adaptive=ema", TIERS], plain_outputs)
     # the batch shrinks from 5 (tier 8) to 1-2 (tier 2) as requests finish: both tiers ran
     assert set(metrics["adaptive_cycles_at_steps"]) == {0, 1, 2, 3, 4, 5}
     assert metrics["adaptive_switches"] >= 8
+
+
+def drafter_overrides(target, heads, algorithm: str) -> list[str]:
+    if algorithm in ("eagle", "eagle3"):
+        return spec_overrides(target, heads[algorithm], algorithm, 3)
+    if algorithm == "hybrid":
+        return [f"model.path={target}", "draft=eagle3", f"draft.path={heads['eagle3']}", "speculative=hybrid",
+                "speculative.num_steps=3"]
+    return [f"model.path={target}", f"speculative={algorithm}", "speculative.num_steps=3"]  # ngram
+
+
+@pytest.mark.parametrize("algorithm,page_size", [("eagle", 1), ("eagle3", 16), ("hybrid", 16), ("ngram", 1)])
+def test_forced_switching_between_chains_and_trees_equals_plain(spec_pair, plain_outputs, algorithm, page_size):
+    """Tree shapes as candidates: every switch chain <-> tree <-> tree rebinds the shape's prebuilt state,
+    and the KV reserved ahead covers the largest tree of any candidate."""
+    target, heads = spec_pair
+    engine, metrics = switch_every_cycle([*drafter_overrides(target, heads, algorithm), f"cache.page_size={page_size}",
+                                          "adaptive=throughput", TREE_TIERS], plain_outputs)
+    assert set(metrics["adaptive_cycles_at_steps"]) == {0, 1, 2, 3} | TREE_LABELS
+    assert engine.scheduler.lookahead_tokens == 13  # the 4x4 tree's draft frontiers: (4 - 1) * 4 + 1 columns
+
+
+@pytest.mark.parametrize("start", [[], ["speculative.topk=4", "speculative.num_steps=4", "speculative.num_draft_tokens=12"]],
+                         ids=["from a chain", "from a tree"])
+def test_throughput_policy_with_tree_candidates_is_lossless_greedy_and_sampled(spec_pair, start):
+    target, heads = spec_pair
+    overrides = [*spec_overrides(target, heads["eagle3"], "eagle3", 3), *start, "adaptive=throughput", TREE_TIERS,
+                 "adaptive.update_interval=2", "adaptive.probe_interval=2"]
+    params = [SamplingParams(max_new_tokens=n, temperature=t, seed=i, ignore_eos=True)
+              for i, (n, t) in enumerate(zip((60, 24, 44, 12, 52), (0.0, 1.0, 0.0, 0.8, 1.0)))]
+    plain = plain_token_ids(target, PROMPTS, params)
+    with build_engine(overrides) as eng:
+        outs = eng.generate(PROMPTS, params)
+        counts = eng.metrics()["adaptive_cycles_at_steps"]
+    assert [o.token_ids for o in outs] == plain
+    assert all(counts.get(label, 0) > 0 for label in ("3x2/6", "4x4/12")), counts  # each tree was explored
 
 
 @pytest.mark.parametrize("policy", ["ema", "throughput"])

@@ -9,6 +9,7 @@ from engine.speculative.adaptive.controller import AdaptiveController
 from engine.speculative.adaptive.ema import EmaPolicy
 from engine.speculative.adaptive.throughput import ThroughputPolicy
 from engine.speculative.adaptive.tiers import Tier, build_tiers, tier_index
+from engine.speculative.tree import TreeShape
 
 
 def ema(candidates=(1, 3, 5, 7), initial=3, **kw):
@@ -18,44 +19,44 @@ def ema(candidates=(1, 3, 5, 7), initial=3, **kw):
 
 def feed(policy, cycles, accepted):
     for _ in range(cycles):
-        policy.observe(policy.steps, [min(accepted, policy.steps)], {})
+        policy.observe(policy.choice, [min(accepted, policy.choice)], {})
 
 
 def test_ema_waits_for_warmup_then_walks_up_one_candidate_per_interval():
     p = ema()
     feed(p, 9, accepted=7)
-    assert p.steps == 3  # warmup
+    assert p.choice == 3  # warmup
     feed(p, 1, accepted=7)
-    assert p.steps == 5  # ema 3 > 3 - 0.5: up; at 5, ema 3 <= 4.5: stop
+    assert p.choice == 5  # ema 3 > 3 - 0.5: up; at 5, ema 3 <= 4.5: stop
     feed(p, 5, accepted=7)
-    assert p.steps == 5  # ema 3 + 2 * (1 - 0.8^5) = 4.34 <= 4.5
+    assert p.choice == 5  # ema 3 + 2 * (1 - 0.8^5) = 4.34 <= 4.5
     feed(p, 5, accepted=7)
-    assert p.steps == 7  # ema 4.79 > 4.5
+    assert p.choice == 7  # ema 4.79 > 4.5
     feed(p, 20, accepted=7)
-    assert p.steps == 7
+    assert p.choice == 7
 
 
 def test_ema_walks_down_past_every_threshold_it_is_under():
     p = ema(initial=7, warmup_batches=0, update_interval=1, ema_alpha=1.0)
     p.observe(7, [0], {})  # ema 0 <= every threshold: 7 -> 5 -> 3 -> 1
-    assert p.steps == 1
+    assert p.choice == 1
 
 
 @pytest.mark.parametrize("value,expected", [(2.25, 3), (2.3, 5)])
 def test_ema_down_threshold_is_prev_minus_half_plus_hysteresis(value, expected):
     p = ema(initial=5, warmup_batches=0, update_interval=1, ema_alpha=1.0)
     p.observe(5, [value], {})  # threshold to 3: 3 - 0.5 - 0.25 = 2.25
-    assert p.steps == expected
+    assert p.choice == expected
 
 
 def test_ema_down_to_zero_uses_half_and_probes_up_from_zero():
     p = ema(candidates=(0, 1, 3), initial=1, warmup_batches=0, update_interval=1, ema_alpha=1.0)
     p.observe(1, [0], {})  # 0 <= 0.5
-    assert p.steps == 0
+    assert p.choice == 0
     p.observe(0, [0], {})  # nothing measured at 0: probe the next candidate, with a fresh average
-    assert p.steps == 1 and p.ema is None
+    assert p.choice == 1 and p.ema is None
     p.observe(1, [1], {})  # 1 > 1 - 0.5: up
-    assert p.steps == 3
+    assert p.choice == 3
 
 
 def test_acceptance_profile_rates_and_expectation():
@@ -126,7 +127,7 @@ def test_throughput_finds_the_best_candidate_from_measurements(a, cost):
     p = ThroughputPolicy(candidates, 3, AcceptanceModel(0.95), ema_alpha=0.2, update_interval=5, probe_interval=4)
     seen = []
     for _ in range(400):
-        k = p.steps
+        k = p.choice
         accepted = []
         for _ in range(16):
             n = 0
@@ -134,7 +135,7 @@ def test_throughput_finds_the_best_candidate_from_measurements(a, cost):
                 n += 1
             accepted.append(n)
         p.observe(k, accepted, {"draft": cost(k) * 0.25, "verify": cost(k) * 0.75})
-        seen.append(p.steps)
+        seen.append(p.choice)
     best = best_k(candidates, a, cost)
     assert p.best == best
     assert seen[-100:].count(p.best) >= 70  # mostly at the best; probes are the rest
@@ -147,9 +148,9 @@ def test_throughput_does_not_explore_a_deep_step_count_estimated_far_worse():
     p = ThroughputPolicy((1, 3, 5, 7), 3, AcceptanceModel(0.8), ema_alpha=0.5, update_interval=4, probe_interval=0)
     seen = []
     for _ in range(40):
-        seen.append(p.steps)
+        seen.append(p.choice)
         # half the first drafts accepted, none deeper; each draft step costs as much as the rest of the cycle
-        p.observe(p.steps, [0, 1] * 8, {"verify": 1.0 + p.steps})
+        p.observe(p.choice, [0, 1] * 8, {"verify": 1.0 + p.choice})
     assert seen[:8] == [3] * 4 + [1] * 4  # the initial and the one below give the cost line
     assert 5 not in seen and 7 not in seen and p.best == 1
 
@@ -163,7 +164,7 @@ def test_throughput_estimates_none_until_measured():
 
 class Fixed:
     def __init__(self, candidates, initial):
-        self.steps, self.seen = initial, []
+        self.choice, self.seen = initial, []
 
     def observe(self, num_steps, accepted, timings):
         self.seen.append((num_steps, accepted))
@@ -171,7 +172,7 @@ class Fixed:
 
 def test_controller_pads_batch_to_its_tier_and_counts_switches():
     tiers = build_tiers([{"batch_size": 1, "candidates": [1, 3]}, {"batch_size": 8, "candidates": [0, 1]},
-                         {"batch_size": 32, "candidates": [0]}], num_steps=3)
+                         {"batch_size": 32, "candidates": [0]}], configured=3)
     assert [t.initial for t in tiers] == [3, 1, 0]  # 3 where it is a candidate, else the middle one
     assert [tier_index(tiers, b) for b in (1, 2, 8, 9, 32, 500)] == [0, 1, 1, 2, 2, 2]
     c = AdaptiveController(tiers, Fixed)
@@ -191,9 +192,9 @@ def test_throughput_does_not_probe_a_neighbour_estimated_far_worse():
     p = ThroughputPolicy((0, 1, 3), 1, AcceptanceModel(0.9), ema_alpha=0.2, update_interval=5, probe_interval=1)
     seen = []
     for _ in range(200):
-        k = p.steps
+        k = p.choice
         p.observe(k, [0] * 4, {"verify": 1.0 + k})  # nothing is ever accepted; each step costs as much again
-        seen.append(p.steps)
+        seen.append(p.choice)
     assert p.best == 0 and set(seen[-150:]) == {0}
 
 
@@ -249,18 +250,18 @@ def test_ema_averages_accepted_drafts_over_the_batch():
 def test_ema_probes_up_from_zero_to_the_only_other_candidate_and_stays_at_a_lone_zero():
     p = ema(candidates=(0, 2), initial=0, warmup_batches=0, update_interval=1)
     p.observe(0, [0], {})
-    assert p.steps == 2
+    assert p.choice == 2
     lone = ema(candidates=(0,), initial=0, warmup_batches=0, update_interval=1)
     for _ in range(3):
         lone.observe(0, [0], {})
-    assert lone.steps == 0
+    assert lone.choice == 0
 
 
 @pytest.mark.parametrize("value,expected", [(2.7, 3), (2.8, 5)])
 def test_ema_up_threshold_is_current_minus_half_plus_hysteresis(value, expected):
     p = ema(initial=3, warmup_batches=0, update_interval=1, ema_alpha=1.0, up_hysteresis=0.25)
     p.observe(3, [value], {})  # up from 3 when ema > 3 - 0.5 + 0.25 = 2.75
-    assert p.steps == expected
+    assert p.choice == expected
 
 
 # accepted-draft counts of 625 requests whose drafts are each accepted with probability 0.8 (a geometric
@@ -281,8 +282,8 @@ def test_throughput_explores_one_candidate_per_interval_then_probes_its_neighbou
     p = ThroughputPolicy((2, 3, 4), 3, AcceptanceModel(0.8), ema_alpha=0.5, update_interval=4, probe_interval=2)
     seen = []
     for _ in range(28):
-        seen.append(p.steps)
-        p.observe(p.steps, GEOMETRIC[p.steps], {"verify": 1 + step_cost * p.steps})
+        seen.append(p.choice)
+        p.observe(p.choice, GEOMETRIC[p.choice], {"verify": 1 + step_cost * p.choice})
     # explore: the initial candidate, then outwards (the one below first), one update interval each
     assert seen == [3] * 4 + [2] * 4 + [4] * 4 + expected_after_exploring
     assert p.best == best
@@ -311,3 +312,83 @@ def test_tiers_are_immutable():
 
     with pytest.raises(dataclasses.FrozenInstanceError):
         Tier(4, (0, 2), 2).initial = 0
+
+
+# -- tree shapes as candidates ---------------------------------------------------------------------
+
+TREE = TreeShape(5, 4, 16)
+
+
+def chain_accepts(rng, k, a, n=16):
+    out = []
+    for _ in range(n):
+        m = 0
+        while m < k and rng.random() < a:
+            m += 1
+        out.append(m)
+    return out
+
+
+@pytest.mark.parametrize("tree_accepted,tree_cost,tree_wins", [
+    (3.4, 1.6, True),   # accepts far more per cycle at a moderate cost: the tree
+    (2.0, 2.5, False),  # costs more than it accepts: back to the best chain
+])
+def test_throughput_weighs_a_tree_shape_by_its_own_acceptance_and_cost(tree_accepted, tree_cost, tree_wins):
+    rng = random.Random(1)
+    p = ThroughputPolicy((1, 2, 3, 4, TREE), 3, AcceptanceModel(0.9), ema_alpha=0.3, update_interval=3,
+                         probe_interval=3)
+    seen = []
+    for _ in range(300):
+        c = p.choice
+        if c == TREE:
+            p.observe(c, [round(tree_accepted + rng.uniform(-0.5, 0.5)) for _ in range(16)], {"verify": tree_cost})
+        else:
+            p.observe(c, chain_accepts(rng, c, 0.6), {"verify": 1.0 + 0.15 * c})
+        seen.append(p.choice)
+    best_chain = best_k((1, 2, 3, 4), 0.6, lambda k: 1.0 + 0.15 * k)
+    assert p.best == (TREE if tree_wins else best_chain), p.estimated_rates()
+    assert seen[-90:].count(p.best) >= 60
+    rate = p.estimated_rates()[TREE]
+    assert rate == pytest.approx((1 + tree_accepted) / tree_cost, rel=0.2)
+
+
+def test_tree_cycles_feed_neither_the_chain_acceptance_nor_the_cost_line():
+    acceptance = AcceptanceModel(0.9)
+    p = ThroughputPolicy((1, 3, TREE), 1, acceptance, ema_alpha=1.0, update_interval=100, probe_interval=0)
+    p.observe(1, [1, 0], {"verify": 1.0})
+    p.observe(3, [3, 3], {"verify": 2.0})
+    reached, line = list(acceptance.reached), p.cycle_seconds(2, 2)
+    p.observe(TREE, [5, 5], {"verify": 9.0})  # deep accepts at a high cost
+    assert acceptance.reached == reached and p.cycle_seconds(2, 2) == line
+    assert p.cycle_seconds(TREE, 2) == 9.0 and p.cycle_seconds(TREE, 4) == 18.0
+    assert p.tree_accepted[TREE] == 5.0
+
+
+def test_throughput_explores_tree_shapes_after_the_chains_and_probes_them_in_turn():
+    other = TreeShape(3, 2, 6)
+    p = ThroughputPolicy((2, 3, TREE, other), 3, AcceptanceModel(0.8), ema_alpha=0.5, update_interval=2,
+                         probe_interval=1)
+    seen = []
+    for _ in range(32):
+        c = p.choice
+        seen.append(c)
+        if isinstance(c, TreeShape):  # rate 3 / 1.8 = 1.67: within the margin of the best chain
+            p.observe(c, [2] * len(GEOMETRIC[3]), {"verify": 1.8})
+        else:  # rates 2.44 / 1.5 = 1.63 (k = 2) and 2.95 / 1.75 = 1.69 (k = 3, the best)
+            p.observe(c, GEOMETRIC[c], {"verify": 1.0 + 0.25 * c})
+    assert seen[:8] == [3, 3, 2, 2, TREE, TREE, other, other]
+    assert p.best == 3
+    # every update probes one interval, in turn: the chain below the best (none above), then each tree
+    assert seen[8::2] == [2, TREE, other] * 4
+
+
+def test_controller_reports_tree_shapes_by_label():
+    tiers = build_tiers([{"batch_size": 4, "candidates": [1, 3, {"num_steps": 5, "topk": 4, "num_draft_tokens": 16}]}],
+                        configured=TREE)
+    assert tiers[0].initial == TREE and tiers[0].candidates == (1, 3, TREE)
+    c = AdaptiveController(tiers, Fixed)
+    assert c.choose(2) == TREE and c.choose(3) == TREE
+    c.policies[0].choice = 3
+    c.choose(1)
+    assert c.stats() == {"adaptive_cycles_at_steps": {3: 1, "5x4/16": 2}, "adaptive_switches": 1}
+    assert c.history == [[TREE, 2], [3, 1]]

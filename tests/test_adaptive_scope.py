@@ -14,9 +14,15 @@ from engine.attention.torch_native import TorchNativeBackend
 from engine.speculative.backend_factory import DraftBackendFactory
 from engine.speculative.bindings import BINDINGS, snapshot_bindings
 from engine.speculative.state import SpecRuntimeState
+from engine.speculative.tree import TreeShape
 from engine.speculative.verify_buffers import VerifyBuffers
 
 CANDIDATES = [0, 1, 2, 3, 5]
+TREES = [TreeShape(3, 2, 6), TreeShape(2, 4, 8), TreeShape(5, 4, 16)]
+
+
+def shape_of(candidate) -> TreeShape:
+    return candidate if isinstance(candidate, TreeShape) else TreeShape(candidate, 1, candidate + 1)
 
 
 class Injected(Exception):
@@ -71,6 +77,21 @@ def test_building_every_candidate_leaves_the_live_bindings_alone(container):
     others = [s for k, s in states.items() if k != 3]
     assert len({id(s.draft_extend_backend) for s in others}) == len(others)  # each candidate its own
     assert container.speculative.num_steps() == 3 and not container.speculative.num_steps.overridden
+
+
+def test_tree_candidates_are_built_with_their_shape_and_leave_the_live_bindings_alone(container):
+    worker = container.spec_worker()
+    before = snapshot_bindings(worker)
+    states = build_candidate_states(container, [1, 3, *TREES])
+    assert same(snapshot_bindings(worker), before) and states[3] is worker.state
+    for tree in TREES:
+        state = states[tree]
+        assert state.candidate == tree and (state.num_steps, state.topk, state.num_draft_tokens) == (
+            tree.num_steps, tree.topk, tree.num_draft_tokens)
+        assert state.draft_decode_backend.num_steps == tree.num_steps - 1
+    spec = container.speculative
+    assert (spec.num_steps(), spec.topk(), spec.num_draft_tokens()) == (3, 1, 4)
+    assert not (spec.num_steps.overridden or spec.topk.overridden or spec.num_draft_tokens.overridden)
 
 
 def test_apply_runtime_state_sets_the_runner_backend(container):
@@ -136,9 +157,9 @@ def test_scope_pops_to_its_own_depth_not_the_top(container):
 # -- property: random build / apply / nested scopes / exceptions ------------------------------------
 
 op = st.one_of(
-    st.tuples(st.just("build"), st.sampled_from(CANDIDATES), st.sampled_from([None, "raise", "rogue", "rogue_raise"])),
+    st.tuples(st.just("build"), st.sampled_from(CANDIDATES + TREES), st.sampled_from([None, "raise", "rogue", "rogue_raise"])),
     st.tuples(st.just("apply"), st.integers(0, 50)),
-    st.tuples(st.just("enter"), st.sampled_from(CANDIDATES)),
+    st.tuples(st.just("enter"), st.sampled_from(CANDIDATES + TREES)),
     st.tuples(st.just("exit"), st.integers(0, 50)),
     st.tuples(st.just("touch")),
 )
@@ -175,7 +196,7 @@ def test_random_sequences_keep_bindings_equal_to_the_active_state(container, ops
                         state = container.speculative.runtime_state()
                         if fault in ("raise", "rogue_raise"):
                             raise Injected
-                    assert state.num_steps == k
+                    assert state.candidate == k
                     pool.append(state)
                 except Injected:
                     pass
@@ -199,8 +220,10 @@ def test_random_sequences_keep_bindings_equal_to_the_active_state(container, ops
                 built = True
             assert same(snapshot_bindings(worker), {name: model[name] for name in BINDINGS})
             assert_consistent(worker)
-            assert num_steps() == (scopes[-1][1] if scopes else configured)
-            assert len(num_steps.overridden) == len(scopes)
+            spec = container.speculative
+            assert (num_steps(), spec.topk(), spec.num_draft_tokens()) == (
+                tuple(vars(shape_of(scopes[-1][1])).values()) if scopes else (configured, 1, configured + 1))
+            assert len(num_steps.overridden) == len(spec.topk.overridden) == len(scopes)
             assert container.acceptance_model.built == built
     finally:
         for scope, *_ in reversed(scopes):

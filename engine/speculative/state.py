@@ -1,6 +1,6 @@
-"""SpecRuntimeState: everything a speculative iteration runs on that depends on the step count.
+"""SpecRuntimeState: everything a speculative iteration runs on that depends on the step count (and tree shape).
 
-One state per candidate step count is built ahead of time (by the containers); switching the live
+One state per candidate (step count or tree shape) is built ahead of time (by the containers); switching the live
 worker from one to another is a rebinding of these objects, never a rebuild. Eager execution only:
 the engine captures no CUDA graphs, so a state carries no graph runners.
 """
@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from engine.attention.multi_step import MultiStepDraftBackend
 from engine.speculative.backend_factory import DraftBackendFactory
+from engine.speculative.tree import TreeShape
 from engine.speculative.verify_buffers import VerifyBuffers
 
 
@@ -21,6 +22,11 @@ class SpecRuntimeState:
     draft_extend_backend: object | None  # None: the draft runner keeps the backend it has
     verify_backend: object  # the target backend of the verify forward
     verify_buffers: VerifyBuffers
+
+    @property
+    def candidate(self) -> "int | TreeShape":
+        """What adaptive speculation calls this state: its step count (a chain) or its tree shape."""
+        return self.num_steps if self.topk == 1 else TreeShape(self.num_steps, self.topk, self.num_draft_tokens)
 
     @classmethod
     def create(cls, num_steps: int, backend_factory: DraftBackendFactory | None, verify_backend,

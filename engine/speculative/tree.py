@@ -14,6 +14,30 @@ from dataclasses import dataclass
 import torch
 
 
+@dataclass(frozen=True)
+class TreeShape:
+    """A tree configuration adaptive speculation may switch to: `num_steps` expansion steps of `topk`
+    children, `num_draft_tokens` nodes verified (the root counted)."""
+
+    num_steps: int
+    topk: int
+    num_draft_tokens: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.num_steps}x{self.topk}/{self.num_draft_tokens}"
+
+    def __str__(self) -> str:
+        return self.label
+
+
+def shape_sort_key(candidate: "int | TreeShape") -> tuple[int, int, int]:
+    """Orders step counts (chains) and tree shapes together: by steps, then topk, then nodes."""
+    if isinstance(candidate, TreeShape):
+        return candidate.num_steps, candidate.topk, candidate.num_draft_tokens
+    return candidate, 1, candidate + 1
+
+
 @dataclass
 class DraftTree:
     tokens: torch.Tensor  # [B, N] target token ids; column 0 the root

@@ -14,7 +14,7 @@ A drafter implements `start(requests, out, first)`, `propose(requests, sampling)
 `after_verify(requests, prefix_lens, emitted, out, keep)`, and carries `num_steps` (bound here).
 
 Everything that depends on the step count comes from the bound `SpecRuntimeState`. With adaptive
-speculation a controller picks the step count before each decode iteration, the worker switches to
+speculation a controller picks the candidate (step count or tree shape) before each decode iteration, the worker switches to
 that candidate's prebuilt state (a rebinding, between iterations), and the controller is fed the
 host-side accept counts and phase times after each verify.
 """
@@ -41,7 +41,7 @@ class SpeculativeWorker:
         self.req_to_token = req_to_token
         self.sampler = sampler
         self.counters = SpecCounters()
-        self.candidate_states: dict[int, SpecRuntimeState] = {}
+        self.candidate_states: dict = {}  # candidate (step count or TreeShape) -> its SpecRuntimeState
         self.controller = None
         # bound by bind_runtime_state
         self.state = self.num_steps = self.verify_backend = self.verify_buffers = None
@@ -54,10 +54,11 @@ class SpeculativeWorker:
         bind_runtime_state(self, state)
         return True
 
-    def enable_adaptive(self, candidate_states: dict[int, SpecRuntimeState], controller) -> "SpeculativeWorker":
+    def enable_adaptive(self, candidate_states: dict, controller) -> "SpeculativeWorker":
+        """candidate_states: a prebuilt state per candidate (step count or TreeShape) the controller may choose."""
         missing = set(controller.all_candidates) - set(candidate_states)
         if missing:
-            raise ValueError(f"adaptive controller proposes step counts without a runtime state: {sorted(missing)}")
+            raise ValueError(f"adaptive controller proposes candidates without a runtime state: {sorted(map(str, missing))}")
         self.candidate_states = candidate_states
         self.controller = controller
         return self
@@ -120,7 +121,7 @@ class SpeculativeWorker:
         self.drafter.after_verify(requests, seq_lens, emitted, out, keep)
         clock.lap("extend")
         if self.controller is not None:
-            self.controller.observe(b, k, [len(e) - 1 for e in emitted], clock.times)
+            self.controller.observe(b, self.state.candidate, [len(e) - 1 for e in emitted], clock.times)
         return emitted
 
     def _decode_tree(self, requests: list[Request], rows: list[int], seq_lens: list[int], sampling: SamplingBatch,
@@ -154,7 +155,7 @@ class SpeculativeWorker:
         self.drafter.after_verify(requests, seq_lens, emitted, out, keep)
         clock.lap("extend")
         if self.controller is not None:
-            self.controller.observe(b, self.num_steps, [len(e) - 1 for e in emitted], clock.times)
+            self.controller.observe(b, self.state.candidate, [len(e) - 1 for e in emitted], clock.times)
         return emitted
 
     def _commit_tree_kv(self, rows: torch.Tensor, prefix: torch.Tensor, path: torch.Tensor,

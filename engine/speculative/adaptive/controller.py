@@ -1,25 +1,28 @@
-"""AdaptiveController: picks the step count of each decode iteration and learns from its outcome.
+"""AdaptiveController: picks the candidate (step count or tree shape) of each decode iteration and
+learns from its outcome.
 
 One policy per batch-size tier. `choose(batch_size)` pads the batch up to its tier and returns that
-tier's current step count; `observe` feeds the tier's policy with the host-side accept counts of the
-verify just done (accepted drafts per request) and the measured phase times.
+tier's current candidate; `observe` feeds the tier's policy with the candidate just run, the
+host-side accept counts of its verify (accepted drafts per request) and the measured phase times.
+Counts per candidate are reported by step count for chains and by `TreeShape.label` for trees.
 """
 
 from collections import Counter
 from collections.abc import Callable
 
-from engine.speculative.adaptive.tiers import Tier, tier_index
+from engine.speculative.adaptive.tiers import Candidate, Tier, tier_index
+from engine.speculative.tree import TreeShape, shape_sort_key
 
 
 class AdaptiveController:
     def __init__(self, tiers: list[Tier], make_policy: Callable[..., object]):
-        # make_policy(candidates=..., initial=...) -> a policy with `steps` and `observe(...)`
+        # make_policy(candidates=..., initial=...) -> a policy with `choice` and `observe(...)`
         self.tiers = tiers
         self.policies = [make_policy(candidates=tier.candidates, initial=tier.initial) for tier in tiers]
         self.cycles_at_steps: Counter = Counter()
         self.num_switches = 0
-        self.history: list[list[int]] = []  # [steps, cycles] runs in order: the choices over time
-        self._last: int | None = None
+        self.history: list[list] = []  # [candidate, cycles] runs in order: the choices over time
+        self._last: Candidate | None = None
 
     @property
     def needs_timings(self) -> bool:
@@ -27,26 +30,32 @@ class AdaptiveController:
         return any(policy.needs_timings for policy in self.policies)
 
     @property
-    def all_candidates(self) -> set[int]:
+    def all_candidates(self) -> set[Candidate]:
         return {k for tier in self.tiers for k in tier.candidates}
 
-    def choose(self, batch_size: int) -> int:
-        steps = self.policies[tier_index(self.tiers, batch_size)].steps
-        if self._last is not None and steps != self._last:
+    def choose(self, batch_size: int) -> Candidate:
+        choice = self.policies[tier_index(self.tiers, batch_size)].choice
+        if self._last is not None and choice != self._last:
             self.num_switches += 1
-        self._last = steps
-        self.cycles_at_steps[steps] += 1
-        if self.history and self.history[-1][0] == steps:
+        self._last = choice
+        self.cycles_at_steps[choice] += 1
+        if self.history and self.history[-1][0] == choice:
             self.history[-1][1] += 1
         else:
-            self.history.append([steps, 1])
-        return steps
+            self.history.append([choice, 1])
+        return choice
 
-    def observe(self, batch_size: int, num_steps: int, accepted_drafts: list[int], timings: dict) -> None:
-        self.policies[tier_index(self.tiers, batch_size)].observe(num_steps, accepted_drafts, timings)
+    def observe(self, batch_size: int, candidate: Candidate, accepted_drafts: list[int], timings: dict) -> None:
+        self.policies[tier_index(self.tiers, batch_size)].observe(candidate, accepted_drafts, timings)
 
     def stats(self) -> dict:
+        counts = sorted(self.cycles_at_steps.items(), key=lambda item: shape_sort_key(item[0]))
         return {
-            "adaptive_cycles_at_steps": dict(sorted(self.cycles_at_steps.items())),
+            "adaptive_cycles_at_steps": {label_of(c): n for c, n in counts},
             "adaptive_switches": self.num_switches,
         }
+
+
+def label_of(candidate: Candidate) -> int | str:
+    """A candidate as metrics show it: the step count of a chain, the label of a tree shape."""
+    return candidate.label if isinstance(candidate, TreeShape) else candidate

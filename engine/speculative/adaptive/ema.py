@@ -23,7 +23,7 @@ class EmaPolicy:
         self.cycles = 0
 
     @property
-    def steps(self) -> int:
+    def choice(self) -> int:
         return self.candidates[self.index]
 
     def observe(self, num_steps: int, accepted_drafts: list[int], timings: dict) -> None:
@@ -40,7 +40,7 @@ class EmaPolicy:
         return 0.5 if lower == 0 else lower - 0.5 + self.down_hysteresis
 
     def _update(self) -> None:
-        if self.steps == 0:
+        if self.choice == 0:
             if self.index + 1 < len(self.candidates):
                 self.index += 1
                 self.ema = None
@@ -53,5 +53,5 @@ class EmaPolicy:
             moved_down = True
         if moved_down:
             return
-        while self.index + 1 < len(self.candidates) and self.ema > self.steps - 0.5 + self.up_hysteresis:
+        while self.index + 1 < len(self.candidates) and self.ema > self.choice - 0.5 + self.up_hysteresis:
             self.index += 1

@@ -1,71 +1,89 @@
-"""The `throughput` policy: choose the step count with the highest estimated tokens per second.
+"""The `throughput` policy: choose the candidate with the highest estimated tokens per second.
 
-Per tier, from measured figures only: the expected tokens per request per cycle at k steps,
-1 + E[accepted drafts | k], comes from the shared acceptance model (`acceptance.py`: every cycle
-informs every depth); the seconds per cycle at k and the current batch size come from the tier's
-cost model (`cycle_cost.py`: one line in k fitted from every measured k). Estimated rate(k) =
-(1 + E[accepted | k]) / t(k, b).
+Per tier, from measured figures only. For a chain of k steps the expected tokens per request per
+cycle, 1 + E[accepted drafts | k], comes from the shared acceptance model (`acceptance.py`: every
+chain cycle informs every depth); for a tree shape, from a moving average of the accepted drafts of
+its own cycles (a tree's acceptance is not a chain's at any depth). The seconds per cycle at the
+current batch size come from the tier's cost model (`cycle_cost.py`: one line in k fitted from every
+measured chain k; each tree shape on its own). Estimated rate = expected tokens / seconds.
 
-It first runs `update_interval` cycles at each candidate, skipping one that the measurements so far
-already estimate more than `PROBE_MARGIN` below the best (so a costly deep k need not be tried), then every
+It first runs `update_interval` cycles at each candidate (the initial one, then chains outwards from
+its step count, then tree shapes), skipping one that the measurements so far already estimate more
+than `PROBE_MARGIN` below the best (so a costly deep k need not be tried), then every
 `update_interval` cycles takes the best estimate. Every `probe_interval` updates it spends one
-interval at a neighbour of the best candidate (alternately above and below) whose estimate is within
-`PROBE_MARGIN` of the best, which refreshes the acceptance of a deeper position or the cost of a
-neighbour; a neighbour estimated far worse is not worth an interval. The state lives as long as the
-engine: later `generate` calls start from what earlier ones measured.
+interval on a probe, in turn: the chain above the best, the chain below it (for a tree, the best
+chain), then each other tree shape; a probe estimated more than `PROBE_MARGIN` below the best is
+skipped for the next in turn. Probes refresh the acceptance of a deeper position, a neighbour's cost,
+or a tree's acceptance on the current text. The state lives as long as the engine: later `generate`
+calls start from what earlier ones measured.
 """
 
 from engine.speculative.adaptive.acceptance import AcceptanceModel
 from engine.speculative.adaptive.cycle_cost import CycleCostModel
+from engine.speculative.adaptive.tiers import Candidate, chains_of, trees_of
+from engine.speculative.tree import TreeShape
 
 
-PROBE_MARGIN = 0.1  # probe a neighbour estimated at >= (1 - margin) x the best rate
+PROBE_MARGIN = 0.1  # probe a candidate estimated at >= (1 - margin) x the best rate
 
 
 class ThroughputPolicy:
     needs_timings = True
 
-    def __init__(self, candidates: tuple[int, ...], initial: int, acceptance: AcceptanceModel, ema_alpha: float,
-                 update_interval: int, probe_interval: int):
+    def __init__(self, candidates: tuple[Candidate, ...], initial: Candidate, acceptance: AcceptanceModel,
+                 ema_alpha: float, update_interval: int, probe_interval: int):
         self.candidates = candidates
+        self.chains, self.trees = chains_of(candidates), trees_of(candidates)
         self.acceptance = acceptance
+        self.alpha = ema_alpha
         self.update_interval = update_interval
         self.probe_interval = probe_interval
-        start = candidates.index(initial)
         # initial first, then outwards, the nearer step count below first: two measured step counts >= 1
-        # give the cost line, which estimates the rest before they are run
-        self._explore = sorted(candidates, key=lambda k: (abs(k - initial), k))
-        self.index = start
+        # give the cost line, which estimates the rest before they are run; tree shapes last
+        middle = initial.num_steps if isinstance(initial, TreeShape) else initial
+        self._explore = [initial] + sorted((k for k in self.chains if k != initial), key=lambda k: (abs(k - middle), k))
+        self._explore += [t for t in self.trees if t != initial]
+        self.index = candidates.index(initial)
         self.best = initial
         self.costs = CycleCostModel(ema_alpha)
+        self.tree_accepted: dict[TreeShape, float] = {}  # moving average of accepted drafts per request per cycle
         self.batch_size = 1  # of the last cycle
         self.cycles = 0
         self.updates = 0
-        self._probe_up = True
+        self._probe_turn = 0
 
     @property
-    def steps(self) -> int:
+    def choice(self) -> Candidate:
         return self.candidates[self.index]
 
-    def observe(self, num_steps: int, accepted_drafts: list[int], timings: dict) -> None:
-        self.acceptance.observe(num_steps, accepted_drafts)
+    def observe(self, candidate: Candidate, accepted_drafts: list[int], timings: dict) -> None:
+        if isinstance(candidate, TreeShape):
+            if accepted_drafts:
+                x = sum(accepted_drafts) / len(accepted_drafts)
+                old = self.tree_accepted.get(candidate)
+                self.tree_accepted[candidate] = x if old is None else self.alpha * x + (1 - self.alpha) * old
+        else:
+            self.acceptance.observe(candidate, accepted_drafts)
         self.batch_size = max(len(accepted_drafts), 1)
-        self.costs.observe(num_steps, self.batch_size, sum(timings.values()))
+        self.costs.observe(candidate, self.batch_size, sum(timings.values()))
         self.cycles += 1
         if self.cycles % self.update_interval == 0:
             self._update()
 
-    def cycle_seconds(self, k: int, batch_size: int) -> float | None:
-        return self.costs.seconds(k, batch_size)
+    def cycle_seconds(self, candidate: Candidate, batch_size: int) -> float | None:
+        return self.costs.seconds(candidate, batch_size)
 
-    def estimated_rates(self) -> dict[int, float | None]:
+    def estimated_rates(self) -> dict[Candidate, float | None]:
         """Tokens per request per second of every candidate at the current batch size (None: unmeasured)."""
-        expected = self.acceptance.expected_accepted(max(self.candidates))  # [k]: accepted drafts at k steps
+        expected = self.acceptance.expected_accepted(max(self.chains, default=0))  # [k]: accepted drafts at k steps
         out = {}
-        for k in self.candidates:
-            t = self.cycle_seconds(k, self.batch_size)
-            known = k == 0 or expected is not None
-            out[k] = (1.0 + expected[k]) / t if known and t is not None and t > 0 else None
+        for c in self.candidates:
+            t = self.cycle_seconds(c, self.batch_size)
+            if isinstance(c, TreeShape):
+                accepted = self.tree_accepted.get(c)
+            else:
+                accepted = expected[c] if c == 0 or expected is not None else None
+            out[c] = (1.0 + accepted) / t if accepted is not None and t is not None and t > 0 else None
         return out
 
     def _update(self) -> None:
@@ -78,7 +96,7 @@ class ThroughputPolicy:
                 return
         self.updates += 1
         rates = self.estimated_rates()
-        known = {k: r for k, r in rates.items() if r is not None}
+        known = {c: r for c, r in rates.items() if r is not None}
         if known:
             self.best = max(known, key=known.get)
         choice = self.best
@@ -86,22 +104,32 @@ class ThroughputPolicy:
             choice = self._probe(rates) or self.best
         self.index = self.candidates.index(choice)
 
-    def _not_worth_exploring(self, k: int) -> bool:
+    def _not_worth_exploring(self, candidate: Candidate) -> bool:
         """Already estimated (from the cost line and the acceptance of other step counts) far below the
         best estimate: running it would cost more than it could tell."""
         rates = self.estimated_rates()
         known = [r for r in rates.values() if r is not None]
-        return rates[k] is not None and rates[k] < (1 - PROBE_MARGIN) * max(known)
+        return rates[candidate] is not None and rates[candidate] < (1 - PROBE_MARGIN) * max(known)
 
-    def _probe(self, rates: dict) -> int | None:
-        """A neighbour of the best worth an interval (unmeasured, or estimated close to the best)."""
-        i = self.candidates.index(self.best)
-        below = [self.candidates[i - 1]] if i > 0 else []
-        above = [self.candidates[i + 1]] if i + 1 < len(self.candidates) else []
-        order = above + below if self._probe_up else below + above
-        self._probe_up = not self._probe_up
+    def _probe_order(self, rates: dict) -> list[Candidate]:
+        """The candidates a probe may take, in turn: chain neighbours of the best, then the other trees."""
+        if isinstance(self.best, TreeShape):
+            chains = [c for c in self.chains if rates[c] is not None]
+            neighbours = [max(chains, key=rates.get)] if chains else list(self.chains[:1])
+        else:
+            i = self.chains.index(self.best)
+            neighbours = self.chains[i + 1:i + 2] + self.chains[max(i - 1, 0):i]  # above, then below
+        return list(neighbours) + [t for t in self.trees if t != self.best]
+
+    def _probe(self, rates: dict) -> Candidate | None:
+        """The next candidate in turn worth an interval (unmeasured, or estimated close to the best)."""
+        order = self._probe_order(rates)
+        if not order:
+            return None
+        start = self._probe_turn % len(order)
+        self._probe_turn += 1
         floor = (1 - PROBE_MARGIN) * (rates[self.best] or 0.0)
-        for k in order:
-            if rates[k] is None or rates[k] >= floor:
-                return k
+        for c in order[start:] + order[:start]:
+            if rates[c] is None or rates[c] >= floor:
+                return c
         return None
