@@ -10,12 +10,12 @@ say how easy the current text is. A position's rate is its recent count shrunk t
 rescaled by the current difficulty: the accepts seen lately over the accepts the profile predicts
 for the positions reached lately. So a position deeper than the step count in use still moves with
 the text (prose lowers every depth, code raises every depth), and one that is drafted often follows
-its own measurements. Rates are made non-increasing with depth; positions never reached take the
-deepest measured rate.
+its own measurements. Rates are made non-increasing with depth; in the profile each position is
+shrunk toward the one before it, so a position never (or seldom) reached takes about its predecessor's rate.
 """
 
 PROFILE_DECAY = 0.998  # per cycle: the profile remembers the last few hundred cycles
-PRIOR_STRENGTH = 4.0  # pseudo-counts of the rescaled profile in each recent rate
+PRIOR_STRENGTH = 4.0  # pseudo-counts of the prior in each rate: the rescaled profile (recent), the previous position (profile)
 
 
 class AcceptanceModel:
@@ -46,16 +46,29 @@ class AcceptanceModel:
                 self.profile_accepted[i] += 1.0
 
     def profile_rates(self, depth: int) -> list[float] | None:
-        """Long-run a_1..a_depth, non-increasing; None before any draft was measured."""
-        rates = [a / r for a, r in zip(self.profile_accepted, self.profile_reached) if r > 1e-9]
-        if not rates:
+        """Long-run a_1..a_depth, non-increasing; None before any draft was measured.
+
+        Each position past the first is shrunk toward the rate of the one before it (`prior_strength`
+        pseudo-counts): a few early cycles that reached a position and missed there cannot set its
+        rate, and every deeper one, to 0 for good (the policy would then never draft that deep again
+        to learn otherwise). A position reached rarely, or never, drifts toward its predecessor's rate
+        as its counts decay, so it is tried again."""
+        if not any(r > 1e-9 for r in self.profile_reached):
             return None
-        for i in range(1, len(rates)):
-            rates[i] = min(rates[i], rates[i - 1])
-        return [rates[min(i, len(rates) - 1)] for i in range(depth)]
+        m, rates = self.prior_strength, []
+        for i in range(max(depth, 1)):
+            reached = self.profile_reached[i] if i < len(self.profile_reached) else 0.0
+            accepted = self.profile_accepted[i] if i < len(self.profile_accepted) else 0.0
+            if not rates:
+                rate = accepted / reached if reached > 1e-9 else 0.0
+            else:
+                rate = min((accepted + m * rates[-1]) / (reached + m), rates[-1])
+            rates.append(rate)
+        return rates[:depth]
 
     def difficulty(self) -> float:
         """Recent accepts over those the profile predicts at the positions reached lately (1: as usual)."""
+        # the measured long-run rates, unshrunk: the recent counts are compared with what was measured
         profile = [a / r if r > 1e-9 else 0.0 for a, r in zip(self.profile_accepted, self.profile_reached)]
         expected = sum(r * p for r, p in zip(self.reached, profile))
         observed = sum(self.accepted)
