@@ -66,6 +66,7 @@ class AdaptivePolicy(str, Enum):
     off = "off"
     ema = "ema"
     throughput = "throughput"
+    auto = "auto"  # throughput for speculative chains; off for speculative=none and for a configured tree
 
 
 @dataclass

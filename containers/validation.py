@@ -168,6 +168,8 @@ def _validate_adaptive(config: dict) -> list[str]:
     """Check the adaptive group; when the configured step count is not a candidate of the first tier,
     start at that tier's middle candidate and return a notice saying so."""
     adaptive, spec = config["adaptive"], config["speculative"]
+    if adaptive["policy"] == "auto":  # the default: adaptive chains; plain decoding and a configured tree as they are
+        adaptive["policy"] = "off" if spec["algorithm"] == "none" or spec["topk"] > 1 else "throughput"
     policy = adaptive["policy"]
     if policy == "off":
         return []

@@ -13,8 +13,8 @@ waves, prefill included. Each system's greedy ids are compared with eyas plain's
 
 Systems (`--systems`, short names): ct2 (CTranslate2, converted here from the same checkpoint),
 hf (transformers `generate`), hf_lookup (prompt lookup, 10 tokens), hf_assisted (the shipped draft
-LM as assistant model), eyas (plain decoding), eyas_spec (default config: EAGLE-3, k = 3),
-eyas_adaptive (`adaptive=throughput`), eyas_ngram (`speculative=ngram`: prompt lookup; its lookup
+LM as assistant model), eyas (plain decoding), eyas_spec (EAGLE-3, a fixed k = 3: `adaptive=off`),
+eyas_adaptive (the default config: EAGLE-3, `adaptive=throughput`), eyas_ngram (`speculative=ngram`: prompt lookup; its lookup
 cost per step is printed), eyas_standalone (`speculative=standalone`: the shipped draft LM),
 eyas_hybrid (`speculative=hybrid`: the EAGLE-3 head and n-gram lookup) and eyas_tree (an EAGLE-3
 tree: topk 4, 5 steps, 16 nodes). The ratios of eyas_ngram and eyas_standalone to transformers'
@@ -46,14 +46,17 @@ from engine.report.figures import pyplot, save  # noqa: E402
 from engine.tokenizer import Tokenizer  # noqa: E402
 
 SYSTEMS = {"ct2": "ct2 plain", "hf": "transformers plain", "hf_lookup": "transformers prompt lookup",
-           "hf_assisted": "transformers assisted", "eyas": "eyas plain", "eyas_spec": "eyas default",
-           "eyas_adaptive": "eyas adaptive", "eyas_ngram": "eyas n-gram", "eyas_standalone": "eyas standalone",
+           "hf_assisted": "transformers assisted", "eyas": "eyas plain", "eyas_spec": "eyas EAGLE-3 k=3",
+           "eyas_adaptive": "eyas adaptive (default)", "eyas_ngram": "eyas n-gram", "eyas_standalone": "eyas standalone",
            "eyas_hybrid": "eyas hybrid", "eyas_tree": "eyas EAGLE-3 tree 5x4/16"}
 BATCH1_ONLY = {"hf_lookup", "hf_assisted"}
-EYAS_OVERRIDES = {"eyas": ["speculative=none", "draft=none"], "eyas_spec": [],
-                  "eyas_adaptive": ["adaptive=throughput"], "eyas_ngram": ["speculative=ngram"],
-                  "eyas_standalone": ["speculative=standalone"], "eyas_hybrid": ["speculative=hybrid"],
-                  "eyas_tree": ["speculative.topk=4", "speculative.num_steps=5", "speculative.num_draft_tokens=16"]}
+# every speculative row but the default's runs its configured step count (adaptive=off)
+EYAS_OVERRIDES = {"eyas": ["speculative=none", "draft=none"], "eyas_spec": ["adaptive=off"],
+                  "eyas_adaptive": [], "eyas_ngram": ["speculative=ngram", "adaptive=off"],
+                  "eyas_standalone": ["speculative=standalone", "adaptive=off"],
+                  "eyas_hybrid": ["speculative=hybrid", "adaptive=off"],
+                  "eyas_tree": ["adaptive=off", "speculative.topk=4", "speculative.num_steps=5",
+                                "speculative.num_draft_tokens=16"]}
 # eyas drafters and the transformers peer that drafts the same way: their ratio is printed per batch
 PEERS = {"eyas_ngram": "hf_lookup", "eyas_standalone": "hf_assisted"}
 

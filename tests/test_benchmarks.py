@@ -20,13 +20,13 @@ def run_script(name: str, *args: str) -> str:
 def test_bench_peers_eyas_rows(tmp_path):
     out = run_script("bench_peers.py", "--systems", "eyas,eyas_spec,eyas_ngram,hf_lookup", "--batch-sizes", "1,2",
                      "--max-new-tokens", "6", "--num-prompts", "2", "--rounds", "1", "--out", str(tmp_path))
-    assert "| 2 | eyas default |" in out and "| 2 | eyas n-gram |" in out
+    assert "| 2 | eyas EAGLE-3 k=3 |" in out and "| 2 | eyas n-gram |" in out
     assert "batch 1: eyas n-gram / transformers prompt lookup = " in out  # prompt lookup runs at batch 1 only
     assert "batch 2: eyas n-gram lookup and index update " in out
     result = json.loads((tmp_path / "bench_peers.json").read_text())
     rows = [r for r in result["rows"] if r["tok_s"] is not None]
     assert {(r["batch"], r["system"]) for r in rows} == {
-        *((b, s) for b in (1, 2) for s in ("eyas plain", "eyas default", "eyas n-gram")), (1, "transformers prompt lookup")}
+        *((b, s) for b in (1, 2) for s in ("eyas plain", "eyas EAGLE-3 k=3", "eyas n-gram")), (1, "transformers prompt lookup")}
     assert [(r["batch"], r["peer"]) for r in result["peer_ratios"]] == [(1, "transformers prompt lookup")]
     # greedy speculative output equals plain decoding, row for row
     assert all(r["equal"].startswith(("reference", "4/4 rows identical", "2/2 rows identical")) for r in rows), rows
