@@ -162,6 +162,8 @@ def test_a_configured_tree_with_adaptive_starts_there_only_when_the_first_tier_l
     from containers.compose import compose_config
 
     tree = ["speculative.topk=4", "speculative.num_steps=2", "speculative.num_draft_tokens=8"]
+    config = compose_config(tree)  # the default, adaptive=auto, runs a configured tree as it is
+    assert config["adaptive"]["policy"] == "off" and config["speculative"]["topk"] == 4 and config["notices"] == []
     config = compose_config(["adaptive=throughput", *tree])  # the shipped tiers list step counts only
     assert config["notices"] == ["adaptive: the tree 2x4/8 is not a candidate of the first tier "
                                  "['1', '2', '3', '4', '5', '6', '7']; starting at its middle candidate, 4"]
