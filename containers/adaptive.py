@@ -1,12 +1,12 @@
 """Candidate runtime states of adaptive speculation, each built under a `ProviderScope` that sets the
-step count and tree shape for the duration of the build and leaves the live worker exactly as it was."""
+step count, tree shape and drafter for the duration of the build and leaves the live worker exactly as it was."""
 
 from dependency_injector import providers
 
 from containers.scope import BindingGuard, BuildTrackingSingleton, ProviderScope
 from engine.speculative.bindings import restore_bindings, snapshot_bindings
+from engine.speculative.candidate import Candidate, drafter_of, shape_of
 from engine.speculative.state import SpecRuntimeState
-from engine.speculative.tree import TreeShape
 
 
 def live_bindings(container) -> BindingGuard:
@@ -23,20 +23,22 @@ def live_bindings(container) -> BindingGuard:
     return BindingGuard(snapshot, restore)
 
 
-def speculative_scope(container, candidate: int | TreeShape) -> ProviderScope:
-    """A scope in which `container.speculative` builds for `candidate`: a step count (a chain) or a tree shape."""
-    shape = candidate if isinstance(candidate, TreeShape) else TreeShape(candidate, 1, candidate + 1)
+def speculative_scope(container, candidate: Candidate) -> ProviderScope:
+    """A scope in which `container.speculative` builds for `candidate`: a step count (a chain), a tree
+    shape, or another drafter at its shape."""
+    shape = shape_of(candidate)
     spec = container.speculative
     return ProviderScope(
         overrides={spec.num_steps: providers.Object(shape.num_steps), spec.topk: providers.Object(shape.topk),
-                   spec.num_draft_tokens: providers.Object(shape.num_draft_tokens)},
+                   spec.num_draft_tokens: providers.Object(shape.num_draft_tokens),
+                   spec.drafter_choice: providers.Object(drafter_of(candidate))},
         singletons=container.traverse(types=[BuildTrackingSingleton]),
         bindings=live_bindings(container),
         key=container,
     )
 
 
-def build_adaptive_runtime_state(container, candidate: int | TreeShape) -> SpecRuntimeState:
+def build_adaptive_runtime_state(container, candidate: Candidate) -> SpecRuntimeState:
     with speculative_scope(container, candidate):
         return container.speculative.runtime_state()
 

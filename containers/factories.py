@@ -9,6 +9,7 @@ from engine.errors import ConfigError
 from engine.models.config import DTYPES
 from engine.sampling_params import SamplingParams
 from engine.speculative.adaptive.tiers import parse_candidate, sorted_candidates
+from engine.speculative.candidate import DrafterCandidate, shape_of
 from engine.speculative.tree import TreeShape
 from engine.tokenizer import Tokenizer
 
@@ -92,8 +93,7 @@ def speculative_shapes(spec: dict, adaptive: dict) -> list[TreeShape]:
     """The configured shape and, with adaptive speculation, every candidate's (a chain of k: k x 1 / k + 1)."""
     shapes = [TreeShape(spec["num_steps"], spec["topk"], spec["num_draft_tokens"])]
     if adaptive["policy"] != "off":
-        for candidate in adaptive_candidates(adaptive):
-            shapes.append(candidate if isinstance(candidate, TreeShape) else TreeShape(candidate, 1, candidate + 1))
+        shapes += [shape_of(candidate) for candidate in adaptive_candidates(adaptive)]
     return shapes
 
 
@@ -103,8 +103,25 @@ def max_topk(spec: dict, adaptive: dict) -> int:
 
 
 def adaptive_candidates(adaptive: dict) -> list:
-    """Every tier's candidates: step counts and TreeShapes, ordered by `shape_sort_key`."""
+    """Every tier's candidates: step counts, TreeShapes and DrafterCandidates, ordered by `candidate_sort_key`."""
     return sorted_candidates(parse_candidate(c) for tier in adaptive["tiers"] for c in tier["candidates"])
+
+
+def drafter_name(algorithm: str, adaptive: dict) -> str:
+    """The drafter to build: the one `algorithm` names, or the hybrid (which can draft as the head alone, as
+    n-gram lookup alone, or as both) when adaptive tiers list other drafters."""
+    others = adaptive["policy"] != "off" and any(isinstance(c, DrafterCandidate) for c in adaptive_candidates(adaptive))
+    return "hybrid" if others else algorithm
+
+
+def hybrid_mode(algorithm: str) -> str:
+    """How the hybrid drafter drafts in the configured runtime state: as itself, or as the configured head alone."""
+    return "hybrid" if algorithm == "hybrid" else "head"
+
+
+def draft_backends_of(algorithm: str, drafter: str | None) -> str:
+    """Whether a runtime state gets draft-head backends: not for n-gram lookup (no draft model)."""
+    return "none" if (drafter or algorithm) == "ngram" else "head"
 
 
 def enable_adaptive(worker, states: dict, controller):

@@ -26,10 +26,12 @@ class SpeculativeContainer(containers.DeclarativeContainer):
     verify_backend = providers.Dependency()  # builds a fresh target attention backend per call
     sampler = providers.Dependency()
 
-    # the step count and tree shape everything below is built for; adaptive speculation overrides them in a scope
+    # the step count, tree shape and drafter a runtime state is built for (None: the configured drafter);
+    # adaptive speculation overrides them in a scope
     num_steps = providers.Callable(int, config.speculative.num_steps)
     topk = providers.Callable(int, config.speculative.topk)
     num_draft_tokens = providers.Callable(int, config.speculative.num_draft_tokens)
+    drafter_choice = providers.Object(None)
 
     draft_model = Singleton(
         load_draft, path=config.draft.path, kind=config.draft.kind, target=target_model,
@@ -80,15 +82,18 @@ class SpeculativeContainer(containers.DeclarativeContainer):
         sampler=sampler, draft_sampling=config.speculative.draft_sampling,
         tree_score_temperature=config.speculative.tree_score_temperature, ngram=ngram_drafter,
         ngram_trust=config.speculative.ngram_trust,
+        mode=providers.Callable(factories.hybrid_mode, config.speculative.algorithm),
     )
-    # the drafter `speculative.algorithm` names; n-gram loads no draft model and has no draft backends
+    # the drafter `speculative.algorithm` names (the hybrid, as the head alone, when adaptive tiers list
+    # other drafters); n-gram loads no draft model and has no draft backends
     drafter = providers.Selector(
-        config.speculative.algorithm, eagle=eagle_drafter, eagle3=eagle_drafter, ngram=ngram_drafter,
-        standalone=standalone_drafter, hybrid=hybrid_drafter,
+        providers.Callable(factories.drafter_name, config.speculative.algorithm, config.adaptive),
+        eagle=eagle_drafter, eagle3=eagle_drafter, ngram=ngram_drafter, standalone=standalone_drafter,
+        hybrid=hybrid_drafter,
     )
     backend_factory = providers.Selector(
-        config.speculative.algorithm, eagle=head_backend_factory, eagle3=head_backend_factory,
-        standalone=head_backend_factory, hybrid=head_backend_factory, ngram=providers.Object(None),
+        providers.Callable(factories.draft_backends_of, config.speculative.algorithm, drafter_choice),
+        head=head_backend_factory, none=providers.Object(None),
     )
     verify_buffers = providers.Factory(
         VerifyBuffers, max_requests=config.cache.max_running_requests, num_steps=num_steps, device=device,
@@ -96,5 +101,5 @@ class SpeculativeContainer(containers.DeclarativeContainer):
     # everything that depends on the step count, built fresh on each call
     runtime_state = providers.Factory(
         SpecRuntimeState.create, num_steps=num_steps, backend_factory=backend_factory, verify_backend=verify_backend,
-        verify_buffers=verify_buffers, topk=topk, num_draft_tokens=num_draft_tokens,
+        verify_buffers=verify_buffers, topk=topk, num_draft_tokens=num_draft_tokens, drafter=drafter_choice,
     )

@@ -5,6 +5,7 @@ from engine.serve.chat_template import ChatTemplate
 from engine.speculative.tree import max_tree_nodes
 from engine.sampling_params import SamplingParams
 from engine.speculative.adaptive.tiers import configured_candidate, middle_candidate, parse_candidate
+from engine.speculative.candidate import OTHER_DRAFTERS, DrafterCandidate, shape_of
 from engine.speculative.tree import TreeShape
 
 
@@ -126,13 +127,15 @@ def _tree_node_range(algorithm: str, topk: int, steps: int) -> tuple[int, str]:
 
 
 TREE_KEYS = ("num_steps", "topk", "num_draft_tokens")
+CANDIDATE_FORMS = ("a step count >= 0, a tree shape {num_steps: S, topk: K, num_draft_tokens: N}, or another "
+                   "drafter {drafter: D, num_steps: S} (a chain) or {drafter: D, num_steps: S, topk: K, "
+                   "num_draft_tokens: N} (a tree)")
 
 
 def _tree_candidate(algorithm: str, where: str, value) -> TreeShape:
     """A tier's tree candidate {num_steps, topk, num_draft_tokens}, checked like speculative.* for a tree."""
     if not isinstance(value, dict) or sorted(value) != sorted(TREE_KEYS):
-        raise ConfigError(f"{where} must be a step count >= 0 or a tree shape "
-                          f"{{num_steps: S, topk: K, num_draft_tokens: N}}, got {value!r}")
+        raise ConfigError(f"{where} must be {CANDIDATE_FORMS}, got {value!r}")
     steps, topk, nodes = (value[key] for key in TREE_KEYS)
     if not all(isinstance(v, int) for v in (steps, topk, nodes)) or steps < 1 or topk < 2:
         raise ConfigError(f"{where}: a tree shape needs integers num_steps >= 1 and topk >= 2 "
@@ -143,6 +146,27 @@ def _tree_candidate(algorithm: str, where: str, value) -> TreeShape:
                           f"(the root plus at most topk + (num_steps - 1) * topk^2 proposed nodes{branches}), "
                           f"got {nodes}")
     return TreeShape(steps, topk, nodes)
+
+
+def _other_candidate(algorithm: str, where: str, value: dict):
+    """A tree shape, or another drafter at a chain length or tree shape of its own."""
+    if "drafter" not in value:
+        return _tree_candidate(algorithm, where, value)
+    drafter, shape = value["drafter"], {key: v for key, v in value.items() if key != "drafter"}
+    allowed = [d for d in OTHER_DRAFTERS if d != algorithm]
+    if algorithm not in ("eagle", "eagle3", "hybrid"):
+        raise ConfigError(f"{where}: other drafters need the draft head they share state with: "
+                          f"speculative.algorithm eagle, eagle3 or hybrid, got {algorithm!r}")
+    if drafter not in allowed:
+        raise ConfigError(f"{where}.drafter must be one of {allowed} (the configured {algorithm!r} drafter's "
+                          f"candidates are listed without `drafter`), got {drafter!r}")
+    if sorted(shape) == ["num_steps"]:
+        steps = shape["num_steps"]
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+            raise ConfigError(f"{where}.num_steps must be an integer >= 1 (the longest chain the {drafter} "
+                              f"drafter proposes), got {steps!r}")
+        return DrafterCandidate(drafter, steps)
+    return DrafterCandidate(drafter, _tree_candidate(drafter, where, shape))
 
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
@@ -193,6 +217,8 @@ def _validate_adaptive(config: dict) -> list[str]:
                               f"({previous}): tiers are sorted by batch size, got {size!r}")
         previous = size
         _validate_candidates(spec["algorithm"], policy, i, candidates)
+    if any(isinstance(parse_candidate(c), DrafterCandidate) for tier in tiers for c in tier["candidates"]):
+        _validate_ngram(spec)  # n-gram lookup drafts for those candidates
     first = [parse_candidate(c) for c in tiers[0]["candidates"]]
     configured = configured_candidate(spec["num_steps"], spec["topk"], spec["num_draft_tokens"])
     if configured in first:
@@ -201,25 +227,27 @@ def _validate_adaptive(config: dict) -> list[str]:
     name = f"speculative.num_steps={spec['num_steps']}" if spec["topk"] == 1 else f"the tree {configured}"
     notice = (f"adaptive: {name} is not a candidate of the first tier "
               f"{[str(c) for c in first]}; starting at its middle candidate, {start}")
-    shape = start if isinstance(start, TreeShape) else TreeShape(start, 1, start + 1)
+    shape = shape_of(start)
     spec["num_steps"], spec["topk"], spec["num_draft_tokens"] = shape.num_steps, shape.topk, shape.num_draft_tokens
     return [notice]
 
 
 def _validate_candidates(algorithm: str, policy: str, i: int, candidates: list) -> None:
-    """Step counts >= 0 sorted ascending without repeats, then distinct tree shapes (throughput policy only)."""
+    """Step counts >= 0 sorted ascending without repeats, then distinct tree shapes and other drafters
+    (throughput policy only)."""
     where = f"adaptive.tiers[{i}].candidates"
     if not candidates:
-        raise ConfigError(f"{where} must be a non-empty list of step counts >= 0 (and tree shapes), got {candidates!r}")
+        raise ConfigError(f"{where} must be a non-empty list of step counts >= 0 (then tree shapes and other "
+                          f"drafters), got {candidates!r}")
     chains = [c for c in candidates if not isinstance(c, dict)]
     if any(not isinstance(c, int) or isinstance(c, bool) or c < 0 for c in chains):
-        raise ConfigError(f"{where} must hold step counts >= 0 and tree shapes "
-                          f"{{num_steps: S, topk: K, num_draft_tokens: N}}, got {candidates!r}")
+        raise ConfigError(f"{where} must hold {CANDIDATE_FORMS}; got {candidates!r}")
     if candidates[:len(chains)] != chains or chains != sorted(set(chains)):
-        raise ConfigError(f"{where} must list step counts ascending without repeats, then tree shapes; got {candidates!r}")
-    trees = [_tree_candidate(algorithm, f"{where}[{j}]", c) for j, c in enumerate(candidates) if isinstance(c, dict)]
-    if len(set(trees)) != len(trees):
-        raise ConfigError(f"{where} lists a tree shape twice: {[str(t) for t in trees]}")
-    if trees and policy != "throughput":
-        raise ConfigError(f"{where}: tree shapes need adaptive.policy=throughput (the {policy!r} policy walks step "
-                          f"counts only), got {[str(t) for t in trees]}")
+        raise ConfigError(f"{where} must list step counts ascending without repeats, then tree shapes and other "
+                          f"drafters; got {candidates!r}")
+    others = [_other_candidate(algorithm, f"{where}[{j}]", c) for j, c in enumerate(candidates) if isinstance(c, dict)]
+    if len(set(others)) != len(others):
+        raise ConfigError(f"{where} lists a candidate twice: {[str(c) for c in others]}")
+    if others and policy != "throughput":
+        raise ConfigError(f"{where}: tree shapes and other drafters need adaptive.policy=throughput (the {policy!r} "
+                          f"policy walks step counts only), got {[str(c) for c in others]}")

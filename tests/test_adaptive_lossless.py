@@ -12,6 +12,7 @@ from containers.build import build_container
 from containers.compose import compose_config
 from engine import SamplingParams, build_engine
 from engine.request import Request
+from engine.speculative.candidate import DrafterCandidate
 from engine.speculative.tree import TreeShape
 
 PROMPTS = ["def add(a, b):", "import os", "class Point:\n    def __init__(self, x, y):", "for", "x = [1, 2, 3]"]
@@ -21,6 +22,17 @@ TIERS = "adaptive.tiers=[{batch_size:2,candidates:[0,1,3,5]},{batch_size:8,candi
 TREE_TIERS = ("adaptive.tiers=[{batch_size:4,candidates:[1,3,{num_steps:3,topk:2,num_draft_tokens:6},"
               "{num_steps:4,topk:4,num_draft_tokens:12}]},{batch_size:8,candidates:[0,2,{num_steps:2,topk:3,num_draft_tokens:7}]}]")
 TREE_LABELS = {"3x2/6", "4x4/12", "2x3/7"}
+# other drafters next to the configured head's chains and trees, in both tiers
+OTHER_TIERS = ("adaptive.tiers=[{batch_size:4,candidates:[1,3,{num_steps:3,topk:2,num_draft_tokens:6},"
+               "{drafter:ngram,num_steps:5},{drafter:ngram,num_steps:3,topk:2,num_draft_tokens:6},"
+               "{drafter:hybrid,num_steps:2}]},{batch_size:8,candidates:[0,2,{drafter:ngram,num_steps:2},"
+               "{drafter:hybrid,num_steps:3,topk:2,num_draft_tokens:12}]}]")
+OTHER_LABELS = {"3x2/6", "ngram:5", "ngram:3x2/6", "hybrid:2", "ngram:2", "hybrid:3x2/12"}
+# the hybrid configured: n-gram lookup alone is its other drafter
+HYBRID_TIERS = ("adaptive.tiers=[{batch_size:4,candidates:[1,3,{num_steps:3,topk:2,num_draft_tokens:12},"
+                "{drafter:ngram,num_steps:5},{drafter:ngram,num_steps:3,topk:2,num_draft_tokens:6}]},"
+                "{batch_size:8,candidates:[0,2,{drafter:ngram,num_steps:2}]}]")
+HYBRID_LABELS = {"3x2/12", "ngram:5", "ngram:3x2/6", "ngram:2"}
 
 
 class CyclingPolicy:
@@ -38,7 +50,7 @@ class CyclingPolicy:
         return self.order[(self.cycles // self.every) % len(self.order)]
 
     def observe(self, candidate, accepted_drafts, timings):
-        depth = candidate.num_steps if isinstance(candidate, TreeShape) else candidate
+        depth = getattr(candidate, "num_steps", candidate)
         assert candidate == self.choice and all(0 <= n <= depth for n in accepted_drafts)
         self.cycles += 1
 
@@ -91,11 +103,29 @@ def test_forced_switching_between_chains_and_trees_equals_plain(spec_pair, plain
     assert engine.scheduler.lookahead_tokens == 13  # the 4x4 tree's draft frontiers: (4 - 1) * 4 + 1 columns
 
 
-@pytest.mark.parametrize("start", [[], ["speculative.topk=4", "speculative.num_steps=4", "speculative.num_draft_tokens=12"]],
-                         ids=["from a chain", "from a tree"])
-def test_throughput_policy_with_tree_candidates_is_lossless_greedy_and_sampled(spec_pair, start):
+@pytest.mark.parametrize("algorithm,page_size", [("eagle3", 1), ("eagle", 16), ("hybrid", 1)])
+def test_forced_switching_between_drafters_equals_plain(spec_pair, plain_outputs, algorithm, page_size):
+    """Other drafters as candidates: every switch between the head's chains and trees, n-gram lookup
+    alone and the hybrid rebinds a prebuilt state, and each drafter catches up on what it sat out."""
     target, heads = spec_pair
-    overrides = [*spec_overrides(target, heads["eagle3"], "eagle3", 3), *start, "adaptive=throughput", TREE_TIERS,
+    tiers, labels = (HYBRID_TIERS, HYBRID_LABELS) if algorithm == "hybrid" else (OTHER_TIERS, OTHER_LABELS)
+    engine, metrics = switch_every_cycle([*drafter_overrides(target, heads, algorithm), f"cache.page_size={page_size}",
+                                          "adaptive=throughput", tiers], plain_outputs)
+    assert set(metrics["adaptive_cycles_at_steps"]) == {0, 1, 2, 3} | labels
+    assert engine.scheduler.lookahead_tokens == 12  # the widest tree: the hybrid's 12 nodes
+
+
+FROM_A_TREE = ["speculative.topk=4", "speculative.num_steps=4", "speculative.num_draft_tokens=12"]
+
+
+@pytest.mark.parametrize("start,tiers,explored", [
+    ([], TREE_TIERS, ("3x2/6", "4x4/12")),
+    (FROM_A_TREE, TREE_TIERS, ("3x2/6", "4x4/12")),
+    ([], OTHER_TIERS, ("ngram:5", "hybrid:2")),
+], ids=["trees from a chain", "trees from a tree", "other drafters"])
+def test_throughput_policy_with_other_candidates_is_lossless_greedy_and_sampled(spec_pair, start, tiers, explored):
+    target, heads = spec_pair
+    overrides = [*spec_overrides(target, heads["eagle3"], "eagle3", 3), *start, "adaptive=throughput", tiers,
                  "adaptive.update_interval=2", "adaptive.probe_interval=2"]
     params = [SamplingParams(max_new_tokens=n, temperature=t, seed=i, ignore_eos=True)
               for i, (n, t) in enumerate(zip((60, 24, 44, 12, 52), (0.0, 1.0, 0.0, 0.8, 1.0)))]
@@ -104,7 +134,7 @@ def test_throughput_policy_with_tree_candidates_is_lossless_greedy_and_sampled(s
         outs = eng.generate(PROMPTS, params)
         counts = eng.metrics()["adaptive_cycles_at_steps"]
     assert [o.token_ids for o in outs] == plain
-    assert all(counts.get(label, 0) > 0 for label in ("3x2/6", "4x4/12")), counts  # each tree was explored
+    assert all(counts.get(label, 0) > 0 for label in explored), counts  # each was explored
 
 
 @pytest.mark.parametrize("policy", ["ema", "throughput"])
@@ -175,10 +205,13 @@ def engine_with_policy(spec_pair, policy, *extra):
     return container.engine()
 
 
-def test_zero_steps_holds_draft_work_per_row_and_a_new_request_starts_clean(spec_pair):
-    """At 0 steps no draft forward runs per iteration: the verified tokens wait, per request row, for
-    the next drafting iteration; a request admitted into a row never inherits what waited there."""
-    engine = engine_with_policy(spec_pair, lambda candidates, initial: CyclingPolicy([0], 0))
+@pytest.mark.parametrize("sat_out", [0, DrafterCandidate("ngram", 4)], ids=["0 steps", "n-gram"])
+def test_sitting_out_holds_draft_work_per_row_and_a_new_request_starts_clean(spec_pair, sat_out):
+    """At 0 steps, or while n-gram lookup drafts, no draft forward runs per iteration: the verified
+    tokens wait, per request row, for the next iteration the head drafts; a request admitted into a row
+    never inherits what waited there."""
+    engine = engine_with_policy(spec_pair, lambda candidates, initial: CyclingPolicy([sat_out], sat_out),
+                                "adaptive.tiers=[{batch_size:8,candidates:[0,3,{drafter:ngram,num_steps:4}]}]")
     worker = engine.worker
     calls = []
     forward = worker.drafter.draft_runner.forward
@@ -212,17 +245,25 @@ def test_throughput_policy_gets_every_phase_time(spec_pair):
     assert all(t["verify"] > 0 for t in seen)
 
 
-def test_draft_kv_after_zero_step_cycles_equals_always_extending(spec_pair):
-    """Switching 0 <-> 3 steps every cycle leaves the draft KV of every committed position as running
-    3 steps throughout does: held work is replayed, all of it, at the right positions."""
+@pytest.mark.parametrize("sat_out,drafting", [(0, 3), (0, TreeShape(3, 2, 6)), (DrafterCandidate("ngram", 4), 3),
+                                              (DrafterCandidate("ngram", 4), TreeShape(3, 2, 6))],
+                         ids=["0 steps, chain", "0 steps, tree", "n-gram, chain", "n-gram, tree"])
+def test_draft_kv_after_sitting_out_equals_always_extending(spec_pair, sat_out, drafting):
+    """Switching every cycle between a candidate where the head sits out (0 steps, or n-gram lookup
+    drafting) and one where it drafts (a chain or a tree) leaves the draft KV of every committed position
+    as drafting throughout does: held work is replayed, all of it, at the right positions."""
+    tiers = ("adaptive.tiers=[{batch_size:8,candidates:[0,3,{num_steps:3,topk:2,num_draft_tokens:6},"
+             "{drafter:ngram,num_steps:4}]}]")
     pools = []
-    for order in ([0, 3], [3]):
-        engine = engine_with_policy(spec_pair, lambda candidates, initial: CyclingPolicy(order, order[0]))
+    for order in ([sat_out, drafting], [drafting]):
+        engine = engine_with_policy(spec_pair, lambda candidates, initial: CyclingPolicy(order, order[0]), tiers)
         out = engine.generate(["class Point:\n    def __init__(self, x, y):"], SamplingParams(max_new_tokens=40,
                                                                                                 ignore_eos=True))[0]
         held = engine.worker.drafter.deferred.take([0])
         covered = held[1][0] if held is not None else len(out.prompt_token_ids) + len(out.token_ids) - 1
         pool = engine.worker.drafter.draft_runner.kv_pool  # one request from an empty pool: slot = position
+        # what waits is at most the last cycle's tokens: nothing held was left behind by a drafting cycle
+        assert covered >= len(out.prompt_token_ids) + len(out.token_ids) - 1 - 5
         pools.append((covered, pool.k[0].clone(), pool.v[0].clone()))
     (covered, k_switching, v_switching), (_, k_always, v_always) = pools
     assert covered > 20

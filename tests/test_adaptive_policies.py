@@ -9,6 +9,7 @@ from engine.speculative.adaptive.controller import AdaptiveController
 from engine.speculative.adaptive.ema import EmaPolicy
 from engine.speculative.adaptive.throughput import ThroughputPolicy
 from engine.speculative.adaptive.tiers import Tier, build_tiers, tier_index
+from engine.speculative.candidate import DrafterCandidate
 from engine.speculative.tree import TreeShape
 
 
@@ -323,6 +324,7 @@ def test_tiers_are_immutable():
 # -- tree shapes as candidates ---------------------------------------------------------------------
 
 TREE = TreeShape(5, 4, 16)
+NGRAM = DrafterCandidate("ngram", 7)
 
 
 def chain_accepts(rng, k, a, n=16):
@@ -335,39 +337,41 @@ def chain_accepts(rng, k, a, n=16):
     return out
 
 
+@pytest.mark.parametrize("other", [TREE, NGRAM], ids=["tree shape", "other drafter"])
 @pytest.mark.parametrize("tree_accepted,tree_cost,tree_wins", [
-    (3.4, 1.6, True),   # accepts far more per cycle at a moderate cost: the tree
+    (3.4, 1.6, True),   # accepts far more per cycle at a moderate cost: the tree (or the other drafter)
     (2.0, 2.5, False),  # costs more than it accepts: back to the best chain
 ])
-def test_throughput_weighs_a_tree_shape_by_its_own_acceptance_and_cost(tree_accepted, tree_cost, tree_wins):
+def test_throughput_weighs_a_tree_shape_by_its_own_acceptance_and_cost(other, tree_accepted, tree_cost, tree_wins):
     rng = random.Random(1)
-    p = ThroughputPolicy((1, 2, 3, 4, TREE), 3, AcceptanceModel(0.9), ema_alpha=0.3, update_interval=3,
+    p = ThroughputPolicy((1, 2, 3, 4, other), 3, AcceptanceModel(0.9), ema_alpha=0.3, update_interval=3,
                          probe_interval=3)
     seen = []
     for _ in range(300):
         c = p.choice
-        if c == TREE:
+        if c == other:
             p.observe(c, [round(tree_accepted + rng.uniform(-0.5, 0.5)) for _ in range(16)], {"verify": tree_cost})
         else:
             p.observe(c, chain_accepts(rng, c, 0.6), {"verify": 1.0 + 0.15 * c})
         seen.append(p.choice)
     best_chain = best_k((1, 2, 3, 4), 0.6, lambda k: 1.0 + 0.15 * k)
-    assert p.best == (TREE if tree_wins else best_chain), p.estimated_rates()
+    assert p.best == (other if tree_wins else best_chain), p.estimated_rates()
     assert seen[-90:].count(p.best) >= 60
-    rate = p.estimated_rates()[TREE]
+    rate = p.estimated_rates()[other]
     assert rate == pytest.approx((1 + tree_accepted) / tree_cost, rel=0.2)
 
 
-def test_tree_cycles_feed_neither_the_chain_acceptance_nor_the_cost_line():
+@pytest.mark.parametrize("other", [TREE, NGRAM], ids=["tree shape", "other drafter"])
+def test_tree_cycles_feed_neither_the_chain_acceptance_nor_the_cost_line(other):
     acceptance = AcceptanceModel(0.9)
-    p = ThroughputPolicy((1, 3, TREE), 1, acceptance, ema_alpha=1.0, update_interval=100, probe_interval=0)
+    p = ThroughputPolicy((1, 3, other), 1, acceptance, ema_alpha=1.0, update_interval=100, probe_interval=0)
     p.observe(1, [1, 0], {"verify": 1.0})
     p.observe(3, [3, 3], {"verify": 2.0})
     reached, line = list(acceptance.reached), p.cycle_seconds(2, 2)
-    p.observe(TREE, [5, 5], {"verify": 9.0})  # deep accepts at a high cost
+    p.observe(other, [5, 5], {"verify": 9.0})  # deep accepts at a high cost
     assert acceptance.reached == reached and p.cycle_seconds(2, 2) == line
-    assert p.cycle_seconds(TREE, 2) == 9.0 and p.cycle_seconds(TREE, 4) == 18.0
-    assert p.tree_accepted[TREE] == 5.0
+    assert p.cycle_seconds(other, 2) == 9.0 and p.cycle_seconds(other, 4) == 18.0
+    assert p.own_accepted[other] == 5.0
 
 
 def test_throughput_explores_tree_shapes_after_the_chains_and_probes_them_in_turn():

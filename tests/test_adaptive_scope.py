@@ -12,17 +12,20 @@ from containers.build import build_container
 from containers.compose import compose_config
 from engine.attention.torch_native import TorchNativeBackend
 from engine.speculative.backend_factory import DraftBackendFactory
-from engine.speculative.bindings import BINDINGS, snapshot_bindings
+from engine.speculative.bindings import binding_names, snapshot_bindings
+from engine.speculative.candidate import DrafterCandidate, drafter_of, shape_of
+from engine.speculative.hybrid_drafter import HybridDrafter
 from engine.speculative.state import SpecRuntimeState
 from engine.speculative.tree import TreeShape
 from engine.speculative.verify_buffers import VerifyBuffers
 
 CANDIDATES = [0, 1, 2, 3, 5]
 TREES = [TreeShape(3, 2, 6), TreeShape(2, 4, 8), TreeShape(5, 4, 16)]
-
-
-def shape_of(candidate) -> TreeShape:
-    return candidate if isinstance(candidate, TreeShape) else TreeShape(candidate, 1, candidate + 1)
+OTHERS = [DrafterCandidate("ngram", 4), DrafterCandidate("ngram", TreeShape(3, 2, 6)), DrafterCandidate("hybrid", 2),
+          DrafterCandidate("hybrid", TreeShape(2, 2, 8))]
+OTHER_TIERS = ("adaptive.tiers=[{batch_size:8,candidates:[0,1,2,3,5,{drafter:ngram,num_steps:4},"
+               "{drafter:ngram,num_steps:3,topk:2,num_draft_tokens:6},{drafter:hybrid,num_steps:2},"
+               "{drafter:hybrid,num_steps:2,topk:2,num_draft_tokens:8}]}]")
 
 
 class Injected(Exception):
@@ -37,6 +40,16 @@ class NoExtendBackend(TorchNativeBackend):
 def container(spec_pair):
     target, heads = spec_pair
     c = build_container(compose_config(spec_overrides(target, heads["eagle3"], "eagle3", 3)))
+    c.spec_worker()
+    return c
+
+
+@pytest.fixture(scope="module")
+def other_drafters_container(spec_pair):
+    """EAGLE-3 configured, with tiers that list other drafters: the worker drafts with the hybrid drafter."""
+    target, heads = spec_pair
+    c = build_container(compose_config(spec_overrides(target, heads["eagle3"], "eagle3", 3, "adaptive=throughput",
+                                                      OTHER_TIERS)))
     c.spec_worker()
     return c
 
@@ -60,6 +73,8 @@ def assert_consistent(worker):
     assert draft.draft_runner.attn_backend is draft.draft_extend_backend
     if state.draft_extend_backend is not None:
         assert draft.draft_extend_backend is state.draft_extend_backend
+    if hasattr(draft, "configured_mode"):
+        assert draft.mode == (state.drafter or draft.configured_mode)
 
 
 def test_building_every_candidate_leaves_the_live_bindings_alone(container):
@@ -157,9 +172,10 @@ def test_scope_pops_to_its_own_depth_not_the_top(container):
 # -- property: random build / apply / nested scopes / exceptions ------------------------------------
 
 op = st.one_of(
-    st.tuples(st.just("build"), st.sampled_from(CANDIDATES + TREES), st.sampled_from([None, "raise", "rogue", "rogue_raise"])),
+    st.tuples(st.just("build"), st.sampled_from(CANDIDATES + TREES + OTHERS),
+              st.sampled_from([None, "raise", "rogue", "rogue_raise"])),
     st.tuples(st.just("apply"), st.integers(0, 50)),
-    st.tuples(st.just("enter"), st.sampled_from(CANDIDATES + TREES)),
+    st.tuples(st.just("enter"), st.sampled_from(CANDIDATES + TREES + OTHERS)),
     st.tuples(st.just("exit"), st.integers(0, 50)),
     st.tuples(st.just("touch")),
 )
@@ -167,8 +183,10 @@ op = st.one_of(
 
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.lists(op, max_size=14))
-def test_random_sequences_keep_bindings_equal_to_the_active_state(container, ops):
+def test_random_sequences_keep_bindings_equal_to_the_active_state(other_drafters_container, ops):
+    container = other_drafters_container
     worker = container.spec_worker()
+    assert isinstance(worker.drafter, HybridDrafter) and worker.drafter.mode == "head"
     num_steps = container.speculative.num_steps
     configured = num_steps()
     pool = [worker.state, no_extend_state(worker)]
@@ -180,7 +198,8 @@ def test_random_sequences_keep_bindings_equal_to_the_active_state(container, ops
         extend = state.draft_extend_backend
         model.update({"state": state, "num_steps": state.num_steps, "draft.num_steps": state.num_steps,
                       "draft.draft_decode_backend": state.draft_decode_backend,
-                      "verify_backend": state.verify_backend, "verify_buffers": state.verify_buffers})
+                      "verify_backend": state.verify_backend, "verify_buffers": state.verify_buffers,
+                      "draft.mode": state.drafter or "head"})
         if extend is not None:
             model["draft.draft_extend_backend"] = model["draft.draft_runner.attn_backend"] = extend
 
@@ -197,6 +216,8 @@ def test_random_sequences_keep_bindings_equal_to_the_active_state(container, ops
                         if fault in ("raise", "rogue_raise"):
                             raise Injected
                     assert state.candidate == k
+                    if drafter_of(k) == "ngram":  # no draft model runs: no draft backends
+                        assert state.draft_decode_backend is None and state.draft_extend_backend is None
                     pool.append(state)
                 except Injected:
                     pass
@@ -218,12 +239,13 @@ def test_random_sequences_keep_bindings_equal_to_the_active_state(container, ops
             elif o[0] == "touch":
                 container.acceptance_model()
                 built = True
-            assert same(snapshot_bindings(worker), {name: model[name] for name in BINDINGS})
+            assert same(snapshot_bindings(worker), {name: model[name] for name in binding_names(worker)})
             assert_consistent(worker)
             spec = container.speculative
             assert (num_steps(), spec.topk(), spec.num_draft_tokens()) == (
                 tuple(vars(shape_of(scopes[-1][1])).values()) if scopes else (configured, 1, configured + 1))
-            assert len(num_steps.overridden) == len(spec.topk.overridden) == len(scopes)
+            assert spec.drafter_choice() == (drafter_of(scopes[-1][1]) if scopes else None)
+            assert len(num_steps.overridden) == len(spec.topk.overridden) == len(spec.drafter_choice.overridden) == len(scopes)
             assert container.acceptance_model.built == built
     finally:
         for scope, *_ in reversed(scopes):

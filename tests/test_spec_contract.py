@@ -141,7 +141,7 @@ def test_a_lost_binding_is_caught(eagle_engine, monkeypatch):
 
 def test_bindings_snapshot_names_every_binding(eagle_engine):
     snap = bindings.snapshot_bindings(eagle_engine.worker)
-    assert set(snap) == set(bindings.BINDINGS)
+    assert set(snap) == set(bindings.BINDINGS) - {"draft.mode"}  # the EAGLE drafter drafts one way only
     assert snap["draft.draft_runner.attn_backend"] is snap["draft.draft_extend_backend"]
 
 

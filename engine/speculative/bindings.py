@@ -9,14 +9,18 @@ attributes.
 """
 
 BINDINGS = ("state", "num_steps", "draft.num_steps", "draft.draft_decode_backend", "draft.draft_extend_backend",
-            "draft.draft_runner.attn_backend", "verify_backend", "verify_buffers")
+            "draft.draft_runner.attn_backend", "draft.mode", "verify_backend", "verify_buffers")
 
 
 def binding_names(worker) -> tuple[str, ...]:
-    """The bindings of `worker`: a drafter without a draft model (n-gram) has no draft runner."""
+    """The bindings of `worker`: a drafter without a draft model (n-gram) has no draft runner, and only a
+    drafter that switches between drafters (the hybrid) has a mode."""
+    names = BINDINGS
     if getattr(worker.drafter, "draft_runner", None) is None:
-        return tuple(name for name in BINDINGS if not name.startswith("draft.draft_runner."))
-    return BINDINGS
+        names = tuple(name for name in names if not name.startswith("draft.draft_runner."))
+    if not hasattr(worker.drafter, "configured_mode"):
+        names = tuple(name for name in names if name != "draft.mode")
+    return names
 
 
 def bind_runtime_state(worker, state) -> None:
@@ -24,6 +28,9 @@ def bind_runtime_state(worker, state) -> None:
     draft = worker.drafter
     extend = state.draft_extend_backend
     runner = getattr(draft, "draft_runner", None)
+    if state.drafter is not None and not hasattr(draft, "configured_mode"):
+        raise ValueError(f"a runtime state for the {state.drafter!r} drafter needs a drafter that switches "
+                         f"between drafters, got {type(draft).__name__}")
     bindings = {
         "state": state,
         "num_steps": state.num_steps,
@@ -31,6 +38,7 @@ def bind_runtime_state(worker, state) -> None:
         "draft.draft_decode_backend": state.draft_decode_backend,
         "draft.draft_extend_backend": extend if extend is not None else draft.draft_extend_backend,
         "draft.draft_runner.attn_backend": extend if extend is not None else getattr(runner, "attn_backend", None),
+        "draft.mode": state.drafter or getattr(draft, "configured_mode", None),
         "verify_backend": state.verify_backend,
         "verify_buffers": state.verify_buffers,
     }

@@ -48,21 +48,27 @@ class EagleDraftWorker:
         rows, seq_lens = [r.row for r in requests], [r.num_computed for r in requests]
         if self.num_steps == 0:
             return torch.zeros(len(rows), 0, dtype=torch.int64)
-        held = self.deferred.take(rows)
-        if held is not None:  # back from 0 steps: bring the draft KV up to date first
-            self.forward_draft_extend(*held)
+        self.catch_up(rows)
         return self.draft(rows, seq_lens, sampling)
 
     def propose_tree(self, requests: list[Request], sampling: SamplingBatch, bonus: torch.Tensor, topk: int,
                      num_nodes: int) -> DraftTree:
-        return self.draft_tree([r.row for r in requests], [r.num_computed for r in requests], sampling, bonus,
-                               topk, num_nodes)
+        rows = [r.row for r in requests]
+        self.catch_up(rows)
+        return self.draft_tree(rows, [r.num_computed for r in requests], sampling, bonus, topk, num_nodes)
+
+    def catch_up(self, rows: list[int]) -> None:
+        """Back from cycles the head sat out (0 steps, or another drafter drafting): one draft-extend over
+        the work held for these rows brings the draft KV up to date before the head drafts."""
+        held = self.deferred.take(rows)
+        if held is not None:
+            self.forward_draft_extend(*held)
 
     def after_verify(self, requests: list[Request], prefix_lens: list[int], emitted: list[list[int]],
                      out: ForwardOutput, keep: torch.Tensor) -> None:
         """Draft-extend over the verified rows: request i's emitted tokens from position prefix_lens[i],
         each with the target feature of the verify row it was chosen at (`keep`: those rows of `out`,
-        packed). At 0 steps the work is held until drafting resumes."""
+        packed). At 0 steps the work is held until drafting resumes (`catch_up`)."""
         features = self.target_features(out.hidden[keep], [a[keep] for a in out.aux_hidden])
         rows = [r.row for r in requests]
         if self.num_steps > 0:

@@ -31,13 +31,6 @@ class TreeShape:
         return self.label
 
 
-def shape_sort_key(candidate: "int | TreeShape") -> tuple[int, int, int]:
-    """Orders step counts (chains) and tree shapes together: by steps, then topk, then nodes."""
-    if isinstance(candidate, TreeShape):
-        return candidate.num_steps, candidate.topk, candidate.num_draft_tokens
-    return candidate, 1, candidate + 1
-
-
 @dataclass
 class DraftTree:
     tokens: torch.Tensor  # [B, N] target token ids; column 0 the root

@@ -1,17 +1,17 @@
-"""AdaptiveController: picks the candidate (step count or tree shape) of each decode iteration and
-learns from its outcome.
+"""AdaptiveController: picks the candidate (step count, tree shape or other drafter) of each decode
+iteration and learns from its outcome.
 
 One policy per batch-size tier. `choose(batch_size)` pads the batch up to its tier and returns that
 tier's current candidate; `observe` feeds the tier's policy with the candidate just run, the
 host-side accept counts of its verify (accepted drafts per request) and the measured phase times.
-Counts per candidate are reported by step count for chains and by `TreeShape.label` for trees.
+Counts per candidate are reported by step count for chains and by label for the rest (`5x4/16`, `ngram:7`).
 """
 
 from collections import Counter
 from collections.abc import Callable
 
-from engine.speculative.adaptive.tiers import Candidate, Tier, tier_index
-from engine.speculative.tree import TreeShape, shape_sort_key
+from engine.speculative.adaptive.tiers import Tier, tier_index
+from engine.speculative.candidate import Candidate, candidate_sort_key, label_of
 
 
 class AdaptiveController:
@@ -49,13 +49,9 @@ class AdaptiveController:
         self.policies[tier_index(self.tiers, batch_size)].observe(candidate, accepted_drafts, timings)
 
     def stats(self) -> dict:
-        counts = sorted(self.cycles_at_steps.items(), key=lambda item: shape_sort_key(item[0]))
+        counts = sorted(self.cycles_at_steps.items(), key=lambda item: candidate_sort_key(item[0]))
         return {
             "adaptive_cycles_at_steps": {label_of(c): n for c, n in counts},
             "adaptive_switches": self.num_switches,
         }
 
-
-def label_of(candidate: Candidate) -> int | str:
-    """A candidate as metrics show it: the step count of a chain, the label of a tree shape."""
-    return candidate.label if isinstance(candidate, TreeShape) else candidate

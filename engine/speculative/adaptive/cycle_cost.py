@@ -7,7 +7,7 @@ linearly in k: the slope comes from a least-squares line through the averages of
 that batch size, and the level from the k measured most recently. So one line serves every k: a k
 not run lately (or ever, once two others were) is estimated from the fresh level, and a drift of
 this machine's speed moves every k alike. A cycle at k = 0 (plain decoding) drafts nothing, and a
-tree shape drafts and verifies on its own pattern: each is averaged on its own. At a batch size not
+tree shape or another drafter drafts and verifies on its own pattern: each is averaged on its own. At a batch size not
 measured (for that candidate, or for any chain k >= 1 on the line), the nearest one that was is
 scaled in proportion.
 """

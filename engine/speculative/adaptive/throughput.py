@@ -2,26 +2,27 @@
 
 Per tier, from measured figures only. For a chain of k steps the expected tokens per request per
 cycle, 1 + E[accepted drafts | k], comes from the shared acceptance model (`acceptance.py`: every
-chain cycle informs every depth); for a tree shape, from a moving average of the accepted drafts of
-its own cycles (a tree's acceptance is not a chain's at any depth). The seconds per cycle at the
-current batch size come from the tier's cost model (`cycle_cost.py`: one line in k fitted from every
-measured chain k; each tree shape on its own). Estimated rate = expected tokens / seconds.
+chain cycle informs every depth); for a tree shape or another drafter, from a moving average of the
+accepted drafts of its own cycles (a tree's acceptance is not a chain's at any depth, nor is n-gram
+lookup's). The seconds per cycle at the current batch size come from the tier's cost model
+(`cycle_cost.py`: one line in k fitted from every measured chain k; each other candidate on its
+own). Estimated rate = expected tokens / seconds.
 
 It first runs `update_interval` cycles at each candidate (the initial one, then chains outwards from
-its step count, then tree shapes), skipping one that the measurements so far already estimate more
-than `PROBE_MARGIN` below the best (so a costly deep k need not be tried), then every
+its step count, then tree shapes and other drafters), skipping one that the measurements so far
+already estimate more than `PROBE_MARGIN` below the best (so a costly deep k need not be tried), then every
 `update_interval` cycles takes the best estimate. Every `probe_interval` updates it spends one
-interval on a probe, in turn: the chain above the best, the chain below it (for a tree, the best
-chain), then each other tree shape; a probe estimated more than `PROBE_MARGIN` below the best is
+interval on a probe, in turn: the chain above the best, the chain below it (when the best is not a
+chain: the best chain), then each other candidate; a probe estimated more than `PROBE_MARGIN` below the best is
 skipped for the next in turn. Probes refresh the acceptance of a deeper position, a neighbour's cost,
-or a tree's acceptance on the current text. The state lives as long as the engine: later `generate`
+or another candidate's acceptance on the current text. The state lives as long as the engine: later `generate`
 calls start from what earlier ones measured.
 """
 
 from engine.speculative.adaptive.acceptance import AcceptanceModel
 from engine.speculative.adaptive.cycle_cost import CycleCostModel
-from engine.speculative.adaptive.tiers import Candidate, chains_of, trees_of
-from engine.speculative.tree import TreeShape
+from engine.speculative.adaptive.tiers import chains_of, others_of
+from engine.speculative.candidate import Candidate
 
 
 PROBE_MARGIN = 0.1  # probe a candidate estimated at >= (1 - margin) x the best rate
@@ -33,20 +34,20 @@ class ThroughputPolicy:
     def __init__(self, candidates: tuple[Candidate, ...], initial: Candidate, acceptance: AcceptanceModel,
                  ema_alpha: float, update_interval: int, probe_interval: int):
         self.candidates = candidates
-        self.chains, self.trees = chains_of(candidates), trees_of(candidates)
+        self.chains, self.others = chains_of(candidates), others_of(candidates)
         self.acceptance = acceptance
         self.alpha = ema_alpha
         self.update_interval = update_interval
         self.probe_interval = probe_interval
         # initial first, then outwards, the nearer step count below first: two measured step counts >= 1
-        # give the cost line, which estimates the rest before they are run; tree shapes last
-        middle = initial.num_steps if isinstance(initial, TreeShape) else initial
+        # give the cost line, which estimates the rest before they are run; the others last
+        middle = getattr(initial, "num_steps", initial)
         self._explore = [initial] + sorted((k for k in self.chains if k != initial), key=lambda k: (abs(k - middle), k))
-        self._explore += [t for t in self.trees if t != initial]
+        self._explore += [c for c in self.others if c != initial]
         self.index = candidates.index(initial)
         self.best = initial
         self.costs = CycleCostModel(ema_alpha)
-        self.tree_accepted: dict[TreeShape, float] = {}  # moving average of accepted drafts per request per cycle
+        self.own_accepted: dict[Candidate, float] = {}  # others: moving average of accepted drafts per request per cycle
         self.batch_size = 1  # of the last cycle
         self.cycles = 0
         self.updates = 0
@@ -57,11 +58,11 @@ class ThroughputPolicy:
         return self.candidates[self.index]
 
     def observe(self, candidate: Candidate, accepted_drafts: list[int], timings: dict) -> None:
-        if isinstance(candidate, TreeShape):
+        if not isinstance(candidate, int):
             if accepted_drafts:
                 x = sum(accepted_drafts) / len(accepted_drafts)
-                old = self.tree_accepted.get(candidate)
-                self.tree_accepted[candidate] = x if old is None else self.alpha * x + (1 - self.alpha) * old
+                old = self.own_accepted.get(candidate)
+                self.own_accepted[candidate] = x if old is None else self.alpha * x + (1 - self.alpha) * old
         else:
             self.acceptance.observe(candidate, accepted_drafts)
         self.batch_size = max(len(accepted_drafts), 1)
@@ -79,8 +80,8 @@ class ThroughputPolicy:
         out = {}
         for c in self.candidates:
             t = self.cycle_seconds(c, self.batch_size)
-            if isinstance(c, TreeShape):
-                accepted = self.tree_accepted.get(c)
+            if not isinstance(c, int):
+                accepted = self.own_accepted.get(c)
             else:
                 accepted = expected[c] if c == 0 or expected is not None else None
             out[c] = (1.0 + accepted) / t if accepted is not None and t is not None and t > 0 else None
@@ -112,14 +113,14 @@ class ThroughputPolicy:
         return rates[candidate] is not None and rates[candidate] < (1 - PROBE_MARGIN) * max(known)
 
     def _probe_order(self, rates: dict) -> list[Candidate]:
-        """The candidates a probe may take, in turn: chain neighbours of the best, then the other trees."""
-        if isinstance(self.best, TreeShape):
+        """The candidates a probe may take, in turn: chain neighbours of the best, then the others."""
+        if not isinstance(self.best, int):
             chains = [c for c in self.chains if rates[c] is not None]
             neighbours = [max(chains, key=rates.get)] if chains else list(self.chains[:1])
         else:
             i = self.chains.index(self.best)
             neighbours = self.chains[i + 1:i + 2] + self.chains[max(i - 1, 0):i]  # above, then below
-        return list(neighbours) + [t for t in self.trees if t != self.best]
+        return list(neighbours) + [c for c in self.others if c != self.best]
 
     def _probe(self, rates: dict) -> Candidate | None:
         """The next candidate in turn worth an interval (unmeasured, or estimated close to the best)."""

@@ -1,21 +1,21 @@
 """Batch-size tiers: each tier lists the candidates adaptive speculation may choose at that size.
 
-A candidate is a step count (a chain of that many drafts; 0 = plain decoding) or a `TreeShape`.
+A candidate (`engine/speculative/candidate.py`) is a step count (a chain of that many drafts; 0 =
+plain decoding), a `TreeShape`, or a `DrafterCandidate` (another drafter at a shape of its own).
 A batch is padded up to the first tier whose batch_size is at least its size (the last tier takes
 anything larger).
 """
 
 from dataclasses import dataclass
 
-from engine.speculative.tree import TreeShape, shape_sort_key
-
-Candidate = int | TreeShape
+from engine.speculative.candidate import Candidate, DrafterCandidate, candidate_sort_key
+from engine.speculative.tree import TreeShape
 
 
 @dataclass(frozen=True)
 class Tier:
     batch_size: int
-    candidates: tuple[Candidate, ...]  # step counts ascending, then tree shapes; distinct
+    candidates: tuple[Candidate, ...]  # step counts ascending, then tree shapes and other drafters; distinct
     initial: Candidate  # the candidate this tier starts at
 
     @classmethod
@@ -24,20 +24,25 @@ class Tier:
 
 
 def parse_candidate(value) -> Candidate:
-    """A step count, or a tree shape given as a mapping {num_steps, topk, num_draft_tokens}."""
-    if isinstance(value, TreeShape):
+    """A step count; a tree shape given as a mapping {num_steps, topk, num_draft_tokens}; or another
+    drafter, {drafter, num_steps} (a chain) or {drafter, num_steps, topk, num_draft_tokens} (a tree)."""
+    if isinstance(value, (TreeShape, DrafterCandidate)):
         return value
     if isinstance(value, dict) or hasattr(value, "keys"):
-        return TreeShape(int(value["num_steps"]), int(value["topk"]), int(value["num_draft_tokens"]))
+        steps = int(value["num_steps"])
+        shape = TreeShape(steps, int(value["topk"]), int(value["num_draft_tokens"])) if "topk" in value else steps
+        return DrafterCandidate(str(value["drafter"]), shape) if "drafter" in value else shape
     return int(value)
 
 
 def chains_of(candidates) -> tuple[int, ...]:
-    return tuple(c for c in candidates if not isinstance(c, TreeShape))
+    """The configured drafter's chains: their acceptance is one model over draft positions."""
+    return tuple(c for c in candidates if isinstance(c, int))
 
 
-def trees_of(candidates) -> tuple[TreeShape, ...]:
-    return tuple(c for c in candidates if isinstance(c, TreeShape))
+def others_of(candidates) -> tuple[Candidate, ...]:
+    """Tree shapes and other drafters: each one's acceptance and cost are measured on their own."""
+    return tuple(c for c in candidates if not isinstance(c, int))
 
 
 def tier_index(tiers: list[Tier], batch_size: int) -> int:
@@ -48,7 +53,7 @@ def tier_index(tiers: list[Tier], batch_size: int) -> int:
 
 
 def middle_candidate(candidates) -> Candidate:
-    """The middle step count (the first tree shape when there is none)."""
+    """The middle step count (the first other candidate when there is none)."""
     chains = chains_of(candidates) or tuple(candidates)
     return chains[len(chains) // 2]
 
@@ -69,4 +74,4 @@ def build_tiers(tiers: list[dict], configured: Candidate) -> list[Tier]:
 
 
 def sorted_candidates(candidates) -> list[Candidate]:
-    return sorted(set(candidates), key=shape_sort_key)
+    return sorted(set(candidates), key=candidate_sort_key)
