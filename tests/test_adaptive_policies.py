@@ -7,7 +7,7 @@ import pytest
 from engine.speculative.adaptive.acceptance import AcceptanceModel
 from engine.speculative.adaptive.controller import AdaptiveController
 from engine.speculative.adaptive.ema import EmaPolicy
-from engine.speculative.adaptive.throughput import ThroughputPolicy
+from engine.speculative.adaptive.throughput import STALE_UPDATES, ThroughputPolicy
 from engine.speculative.adaptive.tiers import Tier, build_tiers, tier_index
 from engine.speculative.candidate import DrafterCandidate
 from engine.speculative.tree import TreeShape
@@ -422,3 +422,17 @@ def test_a_few_early_misses_deep_in_the_chain_do_not_lock_the_policy_at_one_step
     best = best_k((1, 2, 3, 4, 5, 6, 7), 0.9, cost)
     assert best >= 5 and p.best >= 4, (p.best, p.estimated_rates())
     assert sum(k >= 4 for k in seen[-200:]) >= 150
+
+
+def test_a_candidate_ruled_out_early_is_probed_again_once_stale():
+    """Two bad cycles of a bursty drafter put its estimate far below the best; it is skipped by the
+    probes until it has not run for STALE_UPDATES updates, then measured again."""
+    p = ThroughputPolicy((3, NGRAM), 3, AcceptanceModel(0.9), ema_alpha=0.3, update_interval=1, probe_interval=1)
+    runs = []
+    for _ in range(3 * STALE_UPDATES):
+        c = p.choice
+        runs.append(c)
+        p.observe(c, [0] if c == NGRAM else [3], {"verify": 1.0})  # n-gram found nothing to draft
+    at = [i for i, c in enumerate(runs) if c == NGRAM]
+    assert at[0] <= 2 and len(at) >= 3  # explored, then probed again and again
+    assert all(b - a >= STALE_UPDATES for a, b in zip(at[1:], at[2:]))  # but only once stale

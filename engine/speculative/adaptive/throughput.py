@@ -14,7 +14,8 @@ already estimate more than `PROBE_MARGIN` below the best (so a costly deep k nee
 `update_interval` cycles takes the best estimate. Every `probe_interval` updates it spends one
 interval on a probe, in turn: the chain above the best, the chain below it (when the best is not a
 chain: the best chain), then each other candidate; a probe estimated more than `PROBE_MARGIN` below the best is
-skipped for the next in turn. Probes refresh the acceptance of a deeper position, a neighbour's cost,
+skipped for the next in turn, unless it has not run for `STALE_UPDATES` updates (an estimate from a
+few cycles of bursty acceptance, n-gram lookup's above all, must not rule a candidate out for good). Probes refresh the acceptance of a deeper position, a neighbour's cost,
 or another candidate's acceptance on the current text. The state lives as long as the engine: later `generate`
 calls start from what earlier ones measured.
 """
@@ -26,6 +27,7 @@ from engine.speculative.candidate import Candidate
 
 
 PROBE_MARGIN = 0.1  # probe a candidate estimated at >= (1 - margin) x the best rate
+STALE_UPDATES = 100  # ... or one that has not run for this many updates, whatever its estimate
 
 
 class ThroughputPolicy:
@@ -52,6 +54,7 @@ class ThroughputPolicy:
         self.cycles = 0
         self.updates = 0
         self._probe_turn = 0
+        self._last_run: dict[Candidate, int] = {}  # candidate -> `updates` when it last ran
 
     @property
     def choice(self) -> Candidate:
@@ -66,6 +69,7 @@ class ThroughputPolicy:
         else:
             self.acceptance.observe(candidate, accepted_drafts)
         self.batch_size = max(len(accepted_drafts), 1)
+        self._last_run[candidate] = self.updates
         self.costs.observe(candidate, self.batch_size, sum(timings.values()))
         self.cycles += 1
         if self.cycles % self.update_interval == 0:
@@ -123,7 +127,7 @@ class ThroughputPolicy:
         return list(neighbours) + [c for c in self.others if c != self.best]
 
     def _probe(self, rates: dict) -> Candidate | None:
-        """The next candidate in turn worth an interval (unmeasured, or estimated close to the best)."""
+        """The next candidate in turn worth an interval (unmeasured, estimated close to the best, or stale)."""
         order = self._probe_order(rates)
         if not order:
             return None
@@ -131,6 +135,7 @@ class ThroughputPolicy:
         self._probe_turn += 1
         floor = (1 - PROBE_MARGIN) * (rates[self.best] or 0.0)
         for c in order[start:] + order[:start]:
-            if rates[c] is None or rates[c] >= floor:
+            stale = self.updates - self._last_run.get(c, -STALE_UPDATES) >= STALE_UPDATES
+            if rates[c] is None or rates[c] >= floor or stale:
                 return c
         return None
