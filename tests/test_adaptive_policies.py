@@ -436,3 +436,18 @@ def test_a_candidate_ruled_out_early_is_probed_again_once_stale():
     at = [i for i, c in enumerate(runs) if c == NGRAM]
     assert at[0] <= 2 and len(at) >= 3  # explored, then probed again and again
     assert all(b - a >= STALE_UPDATES for a, b in zip(at[1:], at[2:]))  # but only once stale
+
+
+def test_another_drafters_averages_weigh_its_first_cycles_alike_and_move_slowly_after():
+    """n-gram lookup finds a long match or none from one cycle to the next: its acceptance and cost are
+    the plain mean of its first cycles (the first one does not outweigh the rest), then a moving
+    average slow enough that one empty cycle does not rule it out."""
+    p = ThroughputPolicy((3, NGRAM), 3, AcceptanceModel(0.9), ema_alpha=0.5, update_interval=1000, probe_interval=0)
+    p.observe(NGRAM, [0], {"verify": 2.0})
+    for _ in range(4):
+        p.observe(NGRAM, [6], {"verify": 1.0})
+    assert p.own_accepted[NGRAM] == pytest.approx(4.8) and p.cycle_seconds(NGRAM, 1) == pytest.approx(1.2)
+    for _ in range(40):
+        p.observe(NGRAM, [6], {"verify": 1.0})
+    p.observe(NGRAM, [0], {"verify": 1.0})
+    assert p.own_accepted[NGRAM] > 5.5

@@ -22,19 +22,24 @@ def _family(candidate):
 
 
 class CycleCostModel:
-    def __init__(self, ema_alpha: float):
+    def __init__(self, ema_alpha: float, own_alpha: float | None = None):
         self.alpha = ema_alpha
+        self.own_alpha = ema_alpha if own_alpha is None else own_alpha  # for candidates averaged on their own
+        self.count: dict[tuple, int] = {}  # (candidate, b) -> cycles measured
         self.mean: dict[tuple, float] = {}  # (candidate, b) -> seconds per cycle
         self.latest: dict[int, int] = {}  # b -> the chain k >= 1 measured last at b
         self._slopes: dict[int, float | None] = {}  # b -> fitted seconds per step (cleared by new measurements)
 
     def observe(self, candidate, batch_size: int, seconds: float) -> None:
         key = (candidate, batch_size)
+        self.count[key] = self.count.get(key, 0) + 1
         old = self.mean.get(key)
         if old is None:
             self.mean[key] = seconds
         else:
-            self.mean[key] = self.alpha * min(seconds, OUTLIER * old) + (1 - self.alpha) * old
+            # the plain mean of the first 1 / alpha cycles, then a moving average (no first cycle outweighs the rest)
+            alpha = self.alpha if _family(candidate) == LINE else max(self.own_alpha, 1.0 / self.count[key])
+            self.mean[key] = alpha * min(seconds, OUTLIER * old) + (1 - alpha) * old
         if _family(candidate) == LINE:
             self.latest[batch_size] = candidate
             self._slopes.pop(batch_size, None)

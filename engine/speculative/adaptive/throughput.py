@@ -27,6 +27,9 @@ from engine.speculative.candidate import Candidate
 
 
 PROBE_MARGIN = 0.1  # probe a candidate estimated at >= (1 - margin) x the best rate
+# a tree's or another drafter's cycles differ more from one to the next than a chain's (n-gram lookup
+# finds a long match or none): their acceptance and cost are averaged over more cycles
+OWN_ALPHA = 0.05
 STALE_UPDATES = 100  # ... or one that has not run for this many updates, whatever its estimate
 
 
@@ -39,6 +42,7 @@ class ThroughputPolicy:
         self.chains, self.others = chains_of(candidates), others_of(candidates)
         self.acceptance = acceptance
         self.alpha = ema_alpha
+        self.own_alpha = min(ema_alpha, OWN_ALPHA)
         self.update_interval = update_interval
         self.probe_interval = probe_interval
         # initial first, then outwards, the nearer step count below first: two measured step counts >= 1
@@ -48,8 +52,9 @@ class ThroughputPolicy:
         self._explore += [c for c in self.others if c != initial]
         self.index = candidates.index(initial)
         self.best = initial
-        self.costs = CycleCostModel(ema_alpha)
+        self.costs = CycleCostModel(ema_alpha, self.own_alpha)
         self.own_accepted: dict[Candidate, float] = {}  # others: moving average of accepted drafts per request per cycle
+        self._own_cycles: dict[Candidate, int] = {}
         self.batch_size = 1  # of the last cycle
         self.cycles = 0
         self.updates = 0
@@ -65,7 +70,9 @@ class ThroughputPolicy:
             if accepted_drafts:
                 x = sum(accepted_drafts) / len(accepted_drafts)
                 old = self.own_accepted.get(candidate)
-                self.own_accepted[candidate] = x if old is None else self.alpha * x + (1 - self.alpha) * old
+                n = self._own_cycles[candidate] = self._own_cycles.get(candidate, 0) + 1
+                alpha = max(self.own_alpha, 1.0 / n)  # the plain mean of the first cycles, then a moving average
+                self.own_accepted[candidate] = x if old is None else alpha * x + (1 - alpha) * old
         else:
             self.acceptance.observe(candidate, accepted_drafts)
         self.batch_size = max(len(accepted_drafts), 1)
