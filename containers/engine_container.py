@@ -19,7 +19,8 @@ from engine.speculative.adaptive.acceptance import AcceptanceModel
 from engine.speculative.adaptive.controller import AdaptiveController
 from engine.speculative.adaptive.ema import EmaPolicy
 from engine.speculative.adaptive.throughput import ThroughputPolicy
-from engine.speculative.adaptive.tiers import build_tiers, configured_candidate
+from engine.speculative.adaptive.tiers import build_tiers
+from engine.speculative.candidate import configured_candidate
 from engine.speculative.worker import SpeculativeWorker
 from engine.stopping import StopChecker
 from engine.worker import DecodeWorker

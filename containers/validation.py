@@ -4,8 +4,8 @@ from engine.errors import ConfigError
 from engine.serve.chat_template import ChatTemplate
 from engine.speculative.tree import max_tree_nodes
 from engine.sampling_params import SamplingParams
-from engine.speculative.adaptive.tiers import configured_candidate, middle_candidate, parse_candidate
-from engine.speculative.candidate import OTHER_DRAFTERS, DrafterCandidate, shape_of
+from engine.speculative.adaptive.tiers import middle_candidate, parse_candidate
+from engine.speculative.candidate import OTHER_DRAFTERS, DrafterCandidate, configured_candidate, shape_of
 from engine.speculative.tree import TreeShape
 
 

@@ -38,6 +38,11 @@ class DrafterCandidate:
 Candidate = int | TreeShape | DrafterCandidate
 
 
+def configured_candidate(num_steps: int, topk: int = 1, num_draft_tokens: int | None = None) -> int | TreeShape:
+    """The configured drafter's candidate for a shape: its step count (a chain) or its tree shape."""
+    return num_steps if topk == 1 else TreeShape(num_steps, topk, num_draft_tokens)
+
+
 def shape_of(candidate: Candidate) -> TreeShape:
     """The chain or tree a candidate drafts and verifies (a chain of k: k x 1 / k + 1)."""
     if isinstance(candidate, TreeShape):

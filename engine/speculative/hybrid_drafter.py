@@ -44,7 +44,8 @@ class HybridDrafter(EagleDraftWorker):
         self.ngram.start(requests, out, first)
 
     def propose(self, requests: list[Request], sampling: SamplingBatch) -> torch.Tensor:
-        """topk = 1: the n-gram chain when every request's match is trusted (or in mode "ngram"), else the head's chain."""
+        """topk = 1: the n-gram chain when every request's match is trusted (always in mode "ngram"),
+        else the head's chain."""
         self.ngram.num_steps = self.num_steps
         self._head_ran = self._head_drafts(requests)
         if not self._head_ran:

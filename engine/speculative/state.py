@@ -1,8 +1,9 @@
 """SpecRuntimeState: everything a speculative iteration runs on that depends on the step count (and tree
 shape, and drafter).
 
-One state per candidate (step count, tree shape or other drafter) is built ahead of time (by the containers); switching the live
-worker from one to another is a rebinding of these objects, never a rebuild. Eager execution only:
+One state per candidate (step count, tree shape or other drafter) is built ahead of time (by the
+containers); switching the live worker from one to another is a rebinding of these objects, never a
+rebuild. Eager execution only:
 the engine captures no CUDA graphs, so a state carries no graph runners.
 """
 
@@ -10,8 +11,7 @@ from dataclasses import dataclass
 
 from engine.attention.multi_step import MultiStepDraftBackend
 from engine.speculative.backend_factory import DraftBackendFactory
-from engine.speculative.candidate import Candidate, DrafterCandidate
-from engine.speculative.tree import TreeShape
+from engine.speculative.candidate import Candidate, DrafterCandidate, configured_candidate
 from engine.speculative.verify_buffers import VerifyBuffers
 
 
@@ -30,7 +30,7 @@ class SpecRuntimeState:
     def candidate(self) -> Candidate:
         """What adaptive speculation calls this state: its step count (a chain) or its tree shape, and
         its drafter when that is not the configured one."""
-        shape = self.num_steps if self.topk == 1 else TreeShape(self.num_steps, self.topk, self.num_draft_tokens)
+        shape = configured_candidate(self.num_steps, self.topk, self.num_draft_tokens)
         return shape if self.drafter is None else DrafterCandidate(self.drafter, shape)
 
     @classmethod

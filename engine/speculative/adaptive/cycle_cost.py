@@ -7,10 +7,12 @@ linearly in k: the slope comes from a least-squares line through the averages of
 that batch size, and the level from the k measured most recently. So one line serves every k: a k
 not run lately (or ever, once two others were) is estimated from the fresh level, and a drift of
 this machine's speed moves every k alike. A cycle at k = 0 (plain decoding) drafts nothing, and a
-tree shape or another drafter drafts and verifies on its own pattern: each is averaged on its own. At a batch size not
-measured (for that candidate, or for any chain k >= 1 on the line), the nearest one that was is
-scaled in proportion.
+tree shape or another drafter drafts and verifies on its own pattern: each is averaged on its own
+(a `SettlingAverage` of weight `own_alpha`). At a batch size not measured (for that candidate, or
+for any chain k >= 1 on the line), the nearest one that was is scaled in proportion.
 """
+
+from engine.speculative.adaptive.settling_average import SettlingAverage
 
 OUTLIER = 2.0
 LINE = "line"  # the family of chain step counts >= 1
@@ -24,22 +26,21 @@ def _family(candidate):
 class CycleCostModel:
     def __init__(self, ema_alpha: float, own_alpha: float | None = None):
         self.alpha = ema_alpha
-        self.own_alpha = ema_alpha if own_alpha is None else own_alpha  # for candidates averaged on their own
-        self.count: dict[tuple, int] = {}  # (candidate, b) -> cycles measured
+        self._own = SettlingAverage(ema_alpha if own_alpha is None else own_alpha)  # candidates averaged on their own
         self.mean: dict[tuple, float] = {}  # (candidate, b) -> seconds per cycle
         self.latest: dict[int, int] = {}  # b -> the chain k >= 1 measured last at b
         self._slopes: dict[int, float | None] = {}  # b -> fitted seconds per step (cleared by new measurements)
 
     def observe(self, candidate, batch_size: int, seconds: float) -> None:
         key = (candidate, batch_size)
-        self.count[key] = self.count.get(key, 0) + 1
         old = self.mean.get(key)
-        if old is None:
+        clipped = seconds if old is None else min(seconds, OUTLIER * old)
+        if _family(candidate) != LINE:
+            self.mean[key] = self._own.add(key, clipped)
+        elif old is None:
             self.mean[key] = seconds
         else:
-            # the plain mean of the first 1 / alpha cycles, then a moving average (no first cycle outweighs the rest)
-            alpha = self.alpha if _family(candidate) == LINE else max(self.own_alpha, 1.0 / self.count[key])
-            self.mean[key] = alpha * min(seconds, OUTLIER * old) + (1 - alpha) * old
+            self.mean[key] = self.alpha * clipped + (1 - self.alpha) * old
         if _family(candidate) == LINE:
             self.latest[batch_size] = candidate
             self._slopes.pop(batch_size, None)

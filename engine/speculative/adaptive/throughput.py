@@ -2,26 +2,28 @@
 
 Per tier, from measured figures only. For a chain of k steps the expected tokens per request per
 cycle, 1 + E[accepted drafts | k], comes from the shared acceptance model (`acceptance.py`: every
-chain cycle informs every depth); for a tree shape or another drafter, from a moving average of the
-accepted drafts of its own cycles (a tree's acceptance is not a chain's at any depth, nor is n-gram
-lookup's). The seconds per cycle at the current batch size come from the tier's cost model
-(`cycle_cost.py`: one line in k fitted from every measured chain k; each other candidate on its
-own). Estimated rate = expected tokens / seconds.
+chain cycle informs every depth); for a tree shape or another drafter, from the accepted drafts of
+its own cycles (a tree's acceptance is not a chain's at any depth, nor is n-gram lookup's), averaged
+by a `SettlingAverage` of weight `OWN_ALPHA`. The seconds per cycle at the current batch size come
+from the tier's cost model (`cycle_cost.py`: one line in k fitted from every measured chain k; each
+other candidate on its own). Estimated rate = expected tokens / seconds.
 
 It first runs `update_interval` cycles at each candidate (the initial one, then chains outwards from
 its step count, then tree shapes and other drafters), skipping one that the measurements so far
-already estimate more than `PROBE_MARGIN` below the best (so a costly deep k need not be tried), then every
-`update_interval` cycles takes the best estimate. Every `probe_interval` updates it spends one
-interval on a probe, in turn: the chain above the best, the chain below it (when the best is not a
-chain: the best chain), then each other candidate; a probe estimated more than `PROBE_MARGIN` below the best is
-skipped for the next in turn, unless it has not run for `STALE_UPDATES` updates (an estimate from a
-few cycles of bursty acceptance, n-gram lookup's above all, must not rule a candidate out for good). Probes refresh the acceptance of a deeper position, a neighbour's cost,
-or another candidate's acceptance on the current text. The state lives as long as the engine: later `generate`
-calls start from what earlier ones measured.
+already estimate more than `PROBE_MARGIN` below the best (so a costly deep k need not be tried),
+then every `update_interval` cycles takes the best estimate. Every `probe_interval` updates it
+spends one interval on a probe, in turn: the chain above the best, the chain below it (when the best
+is not a chain: the best chain), then each other candidate. A probe estimated more than
+`PROBE_MARGIN` below the best is skipped for the next in turn, unless it has not run for
+`STALE_UPDATES` updates (an estimate from a few cycles of bursty acceptance, n-gram lookup's above
+all, must not rule a candidate out for good). Probes refresh the acceptance of a deeper position, a
+neighbour's cost, or another candidate's acceptance on the current text. The state lives as long as
+the engine: later `generate` calls start from what earlier ones measured.
 """
 
 from engine.speculative.adaptive.acceptance import AcceptanceModel
 from engine.speculative.adaptive.cycle_cost import CycleCostModel
+from engine.speculative.adaptive.settling_average import SettlingAverage
 from engine.speculative.adaptive.tiers import chains_of, others_of
 from engine.speculative.candidate import Candidate
 
@@ -53,8 +55,7 @@ class ThroughputPolicy:
         self.index = candidates.index(initial)
         self.best = initial
         self.costs = CycleCostModel(ema_alpha, self.own_alpha)
-        self.own_accepted: dict[Candidate, float] = {}  # others: moving average of accepted drafts per request per cycle
-        self._own_cycles: dict[Candidate, int] = {}
+        self.own_accepted = SettlingAverage(self.own_alpha)  # others: accepted drafts per request per cycle
         self.batch_size = 1  # of the last cycle
         self.cycles = 0
         self.updates = 0
@@ -68,11 +69,7 @@ class ThroughputPolicy:
     def observe(self, candidate: Candidate, accepted_drafts: list[int], timings: dict) -> None:
         if not isinstance(candidate, int):
             if accepted_drafts:
-                x = sum(accepted_drafts) / len(accepted_drafts)
-                old = self.own_accepted.get(candidate)
-                n = self._own_cycles[candidate] = self._own_cycles.get(candidate, 0) + 1
-                alpha = max(self.own_alpha, 1.0 / n)  # the plain mean of the first cycles, then a moving average
-                self.own_accepted[candidate] = x if old is None else alpha * x + (1 - alpha) * old
+                self.own_accepted.add(candidate, sum(accepted_drafts) / len(accepted_drafts))
         else:
             self.acceptance.observe(candidate, accepted_drafts)
         self.batch_size = max(len(accepted_drafts), 1)

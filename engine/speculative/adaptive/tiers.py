@@ -58,10 +58,6 @@ def middle_candidate(candidates) -> Candidate:
     return chains[len(chains) // 2]
 
 
-def configured_candidate(num_steps: int, topk: int = 1, num_draft_tokens: int | None = None) -> Candidate:
-    return num_steps if topk == 1 else TreeShape(num_steps, topk, num_draft_tokens)
-
-
 def build_tiers(tiers: list[dict], configured: Candidate) -> list[Tier]:
     """Tiers from the (validated) config; each starts at the configured candidate when it is one of
     its candidates, else at its middle candidate."""
