@@ -7,7 +7,11 @@ The workload alternates predictable prompts (held-out standard-library code) wit
 (English prose, `prompts/natural_language.txt`). For a batch size B (`cache.max_running_requests`),
 the prompts go in waves of 2 B: each wave is one `generate` call, so the batch is full for its first
 half and drains in the second, passing through the smaller tiers. A batch size gets
-max(--num-prompts, 8 B) prompts.
+max(--num-prompts, 8 B) prompts. `--alternate prompt` (the default) alternates them prompt by
+prompt, so at batch > 1 every wave mixes code and prose and the mix is the same all along;
+`--alternate wave` alternates code waves and prose waves, so the text changes in time at every
+batch size. With waves of one kind each, the report adds the ceiling of any step count chosen per
+wave: each kind's waves at the fixed k that ran them fastest.
 
 For each batch size every configuration is built up front: plain decoding, every fixed k among the
 candidates of the tiers that batch passes through, and the `ema` and `throughput` policies (their
@@ -38,11 +42,19 @@ from engine.speculative.adaptive.tiers import build_tiers, tier_index  # noqa: E
 NATURAL_LANGUAGE = Path(__file__).resolve().parent / "prompts" / "natural_language.txt"
 
 
-def workload(n: int) -> list[str]:
-    """n prompts, code and prose alternating (prose lines are reused when the file runs out)."""
+def workload(n: int, wave_size: int, alternate: str) -> list[tuple[str, list[str]]]:
+    """n prompts, half code and half prose (prose lines are reused when the file runs out), in waves of
+    wave_size as (kind, prompts): alternating prompt by prompt ('mixed' waves) or wave by wave."""
     code = heldout_prompts(n - n // 2)
-    prose = [line for line in NATURAL_LANGUAGE.read_text().splitlines() if line.strip()]
-    return [code[i // 2] if i % 2 == 0 else prose[(i // 2) % len(prose)] for i in range(n)]
+    lines = [line for line in NATURAL_LANGUAGE.read_text().splitlines() if line.strip()]
+    prose = [lines[i % len(lines)] for i in range(n // 2)]
+    if alternate == "prompt":
+        prompts = [code[i // 2] if i % 2 == 0 else prose[i // 2] for i in range(n)]
+        return [("mixed", prompts[i:i + wave_size]) for i in range(0, n, wave_size)]
+    waves = []
+    for i in range(0, max(len(code), len(prose)), wave_size):
+        waves += [(kind, part[i:i + wave_size]) for kind, part in (("code", code), ("prose", prose)) if part[i:i + wave_size]]
+    return waves
 
 
 def candidates_for(batch_size: int) -> list[int]:
@@ -64,8 +76,9 @@ class Contender:
         self.tokens = 0
         self.wave_speeds: list[float] = []
         self.wave_ends: list[int] = []  # cycles of the adaptive controller at the end of each wave
+        self.by_kind: dict[str, list[float]] = {}  # wave kind -> [tokens, seconds]
 
-    def run(self, wave: list[str], params: SamplingParams) -> None:
+    def run(self, kind: str, wave: list[str], params: SamplingParams) -> None:
         start = time.perf_counter()
         outs = self.engine.generate(wave, params)
         seconds = time.perf_counter() - start
@@ -73,6 +86,9 @@ class Contender:
         self.seconds += seconds
         self.tokens += tokens
         self.wave_speeds.append(tokens / seconds)
+        totals = self.by_kind.setdefault(kind, [0, 0.0])
+        totals[0] += tokens
+        totals[1] += seconds
         controller = self.engine.worker.controller if hasattr(self.engine.worker, "controller") else None
         if controller is not None:
             self.wave_ends.append(sum(n for _, n in controller.history))
@@ -87,7 +103,8 @@ class Contender:
 
     def row(self) -> dict:
         metrics, base = self.engine.metrics(), self.base
-        row = {"tokens_per_s": self.tokens / self.seconds, "tokens": self.tokens, "seconds": self.seconds}
+        row = {"tokens_per_s": self.tokens / self.seconds, "tokens": self.tokens, "seconds": self.seconds,
+               "by_kind": {kind: tokens / seconds for kind, (tokens, seconds) in self.by_kind.items()}}
         if "mean_accept_length" in metrics:
             cycles = metrics["num_verify_cycles"] - base["num_verify_cycles"]
             emitted = (metrics["mean_accept_length"] * metrics["num_verify_cycles"]
@@ -120,6 +137,8 @@ def main() -> None:
     p.add_argument("--num-prompts", type=int, default=16)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=1, help="run the whole workload this many times")
+    p.add_argument("--alternate", default="prompt", choices=["prompt", "wave"],
+                   help="code and prose alternate prompt by prompt (mixed waves) or wave by wave")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     p.add_argument("--plot", type=Path, default=None, help="also chart them here (PNG; needs matplotlib)")
@@ -128,27 +147,32 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, ignore_eos=True)
-    print(f"{args.kind}; code and prose prompts alternating x {args.max_new_tokens} new tokens, T=0; "
-          "tau = tokens per verify cycle, bonus included; per wave vs plain: median [min-max]", flush=True)
+    print(f"{args.kind}; code and prose alternating {args.alternate} by {args.alternate} x {args.max_new_tokens} new "
+          "tokens, T=0; tau = tokens per verify cycle, bonus included; per wave vs plain: median [min-max]", flush=True)
     results = {}
     for batch_size in (int(b) for b in args.batch_sizes.split(",")):
-        prompts = workload(max(args.num_prompts, 8 * batch_size))
-        waves = [prompts[i:i + 2 * batch_size] for i in range(0, len(prompts), 2 * batch_size)] * args.rounds
+        num_prompts = max(args.num_prompts, 8 * batch_size)
+        waves = workload(num_prompts, 2 * batch_size, args.alternate) * args.rounds
         contenders = [Contender(name, overrides) for name, overrides in configurations(args, batch_size).items()]
-        for i, wave in enumerate(waves):
+        for i, (kind, wave) in enumerate(waves):
             for c in contenders[i % len(contenders):] + contenders[:i % len(contenders)]:
-                c.run(wave, params)
+                c.run(kind, wave, params)
             print(f"  batch {batch_size}: wave {i + 1}/{len(waves)}", file=sys.stderr, flush=True)
         rows = {c.name: c.row() for c in contenders}
         plain = rows["plain"]["tokens_per_s"]
-        fixed = {n: r for n, r in rows.items() if n.startswith("k=")}
-        best_fixed_name = max(fixed, key=lambda n: fixed[n]["tokens_per_s"])
-        best_fixed = fixed[best_fixed_name]["tokens_per_s"]
+        fixed = [c for c in contenders if c.name.startswith("k=")]
+        best_fixed_name = max(fixed, key=lambda c: rows[c.name]["tokens_per_s"]).name
+        best_fixed = rows[best_fixed_name]["tokens_per_s"]
         plain_waves = contenders[0].wave_speeds
-        print(f"\nbatch {batch_size}, {len(prompts)} prompts x {args.rounds} round(s), {len(waves)} waves: "
+        print(f"\nbatch {batch_size}, {num_prompts} prompts x {args.rounds} round(s), {len(waves)} waves: "
               f"plain {plain:.1f} tok/s; best fixed {best_fixed_name} {best_fixed:.1f} tok/s")
+        ceiling = per_wave_ceiling([c for c in contenders if c.name == "plain" or c in fixed])
+        if ceiling is not None:
+            print(f"ceiling of a setting chosen per wave: {ceiling['tokens_per_s']:.1f} tok/s, "
+                  f"{ceiling['tokens_per_s'] / best_fixed:.3f}x the best fixed k ("
+                  + ", ".join(f"{kind} at {name}" for kind, name in ceiling["choice"].items()) + ")")
         print(f"{'config':>10} {'tok/s':>7} {'vs plain':>8} {'vs best k':>9} {'per wave vs plain':>19} {'tau':>5}  "
-              "steps chosen (cycles), switches")
+              + ("" if ceiling is None else "tok/s by kind; ") + "steps chosen (cycles), switches")
         for c in contenders:
             r = rows[c.name]
             ratios = sorted(s / p for s, p in zip(c.wave_speeds, plain_waves))
@@ -159,12 +183,13 @@ def main() -> None:
             if "cycles_at_steps" in r:
                 chosen = " ".join(f"{k}:{n}" for k, n in r["cycles_at_steps"].items()) + f", {r['switches']}"
             tau = f"{r['tau']:.2f}" if "tau" in r else "-"
+            kinds = "" if ceiling is None else " ".join(f"{k} {v:.1f}" for k, v in r["by_kind"].items()) + "; "
             print(f"{c.name:>10} {r['tokens_per_s']:>7.1f} {r['vs_plain']:>7.2f}x {r['vs_best_fixed']:>8.2f}x "
-                  f"{per_wave:>19} {tau:>5}  {chosen}", flush=True)
+                  f"{per_wave:>19} {tau:>5}  {kinds}{chosen}", flush=True)
             c.engine.close()
         for c in contenders:
             rows[c.name].update(wave_speeds=c.wave_speeds, wave_ends=c.wave_ends, choices=c.choices())
-        results[batch_size] = {"best_fixed": best_fixed_name, "rows": rows}
+        results[batch_size] = {"best_fixed": best_fixed_name, "rows": rows, "per_wave_ceiling": ceiling}
         del contenders
         gc.collect()
     if args.json:
@@ -172,6 +197,18 @@ def main() -> None:
     if args.plot:
         plot(results, args.plot)
         print(f"wrote {args.plot}")
+
+
+def per_wave_ceiling(fixed: list[Contender]) -> dict | None:
+    """Each wave kind's tokens and seconds at the fixed setting (plain or k) that ran that kind fastest,
+    summed: the most a setting chosen per wave, knowing the wave's kind, could reach. None for mixed waves."""
+    kinds = fixed[0].by_kind
+    if set(kinds) == {"mixed"}:
+        return None
+    choice = {kind: max(fixed, key=lambda c: c.by_kind[kind][0] / c.by_kind[kind][1]) for kind in kinds}
+    tokens = sum(choice[kind].by_kind[kind][0] for kind in kinds)
+    seconds = sum(choice[kind].by_kind[kind][1] for kind in kinds)
+    return {"tokens_per_s": tokens / seconds, "choice": {kind: c.name for kind, c in choice.items()}}
 
 
 def plot(results: dict, path: Path) -> None:

@@ -94,6 +94,22 @@ def test_a_harder_text_lowers_depths_that_are_not_drafted():
     assert m.conditional_rates(5)[1] > 0.8 * before[1]
 
 
+def test_a_depth_not_drafted_keeps_what_it_measured_on_the_current_text():
+    # code and prose accept the first draft alike and part at the second: running one step shows
+    # nothing of the second, so its rate must stay what the last cycles that drafted it measured
+    m = AcceptanceModel(decay=0.8, profile_decay=0.998)
+    for _ in range(300):  # code at 2 steps: both drafts accepted 4 times in 5
+        m.observe(2, [2, 2, 2, 2, 0])
+    for _ in range(20):  # prose at 2 steps: the first accepted 4 times in 5, the second 1 time in 4
+        m.observe(2, [1, 1, 1, 2, 0])
+    measured = m.conditional_rates(2)[1]
+    assert measured < 0.4
+    for _ in range(40):  # prose at 1 step: position 1 as before, nothing seen at position 2
+        m.observe(1, [1, 1, 1, 1, 0])
+    assert m.conditional_rates(2)[1] == pytest.approx(measured, abs=0.05)
+    assert m.profile_rates(2)[1] > 0.75  # the long-run profile alone would say code
+
+
 def test_cycle_cost_line_through_every_measured_step_count():
     from engine.speculative.adaptive.cycle_cost import CycleCostModel
 

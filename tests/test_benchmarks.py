@@ -74,6 +74,32 @@ def test_bench_adaptive_charts_the_choices(tmp_path):
     assert (tmp_path / "adaptive.png").stat().st_size > 5000
 
 
+def test_bench_adaptive_alternates_code_and_prose_wave_by_wave(tmp_path):
+    out = run_script("bench_adaptive.py", "--batch-sizes", "1", "--num-prompts", "4", "--max-new-tokens", "4",
+                     "--alternate", "wave", "--json", str(tmp_path / "adaptive.json"))
+    result = json.loads((tmp_path / "adaptive.json").read_text())["1"]
+    rows, ceiling = result["rows"], result["per_wave_ceiling"]
+    assert all(set(r["by_kind"]) == {"code", "prose"} for r in rows.values())
+    fixed = {n: r for n, r in rows.items() if n == "plain" or n.startswith("k=")}
+    for kind, name in ceiling["choice"].items():  # each kind at the fixed setting fastest on it
+        assert rows[name]["by_kind"][kind] == max(r["by_kind"][kind] for r in fixed.values())
+    assert min(r["tokens_per_s"] for r in fixed.values()) <= ceiling["tokens_per_s"]
+    assert "ceiling of a setting chosen per wave:" in out and "code and prose alternating wave by wave" in out
+
+
+def test_bench_adaptive_workload_alternates_prompts_or_waves():
+    sys.path.insert(0, str(SCRIPTS))
+    from bench_adaptive import workload
+
+    by_wave = workload(8, 2, "wave")
+    assert [kind for kind, _ in by_wave] == ["code", "prose", "code", "prose"]
+    by_prompt = workload(8, 2, "prompt")
+    assert [kind for kind, _ in by_prompt] == ["mixed"] * 4
+    # the same prompts either way, code and prose alternating within each mixed wave
+    assert sorted(p for _, w in by_wave for p in w) == sorted(p for _, w in by_prompt for p in w)
+    assert by_prompt[0][1] == [by_wave[0][1][0], by_wave[1][1][0]]
+
+
 @pytest.mark.slow  # two servers start: about 40 s
 def test_bench_serve_compares_both_servers(tmp_path):
     plot = tmp_path / "serve.png"

@@ -6,16 +6,21 @@ drafts with k steps is sum_{i<=k} prod_{j<=i} a_j.
 
 Counts are kept on two time scales. The *profile* (slow decay) says how acceptance falls with depth;
 it holds for positions that are not drafted now. The *recent* counts (fast decay, `decay` per cycle)
-say how easy the current text is. A position's rate is its recent count shrunk toward the profile
-rescaled by the current difficulty: the accepts seen lately over the accepts the profile predicts
-for the positions reached lately. So a position deeper than the step count in use still moves with
-the text (prose lowers every depth, code raises every depth), and one that is drafted often follows
-its own measurements. Rates are made non-increasing with depth; in the profile each position is
-shrunk toward the one before it, so a position never (or seldom) reached takes about its predecessor's rate.
+say how easy the current text is: the *difficulty* is the accepts seen lately over the accepts the
+profile predicts for the positions reached lately. Each position also keeps its *own* recent counts,
+which age fast (`decay`) only in cycles that draft that deep and slowly (`profile_decay`) in the
+others: they are its latest measurements, however long ago the policy last drafted that deep. A
+position's rate is its own counts shrunk toward the profile rescaled by the difficulty. So a position
+deeper than the step count in use moves with the text where the text shows at the depths drafted
+(prose lowers every depth, code raises every depth), and keeps what it measured where it does not:
+code and prose can accept the first draft alike and part only at the second, which a policy running
+one step would otherwise forget between its probes. Rates are made non-increasing with depth; in the
+profile each position is shrunk toward the one before it, so a position never (or seldom) reached
+takes about its predecessor's rate.
 """
 
 PROFILE_DECAY = 0.998  # per cycle: the profile remembers the last few hundred cycles
-PRIOR_STRENGTH = 4.0  # pseudo-counts of the prior in each rate: the rescaled profile (recent), the previous position (profile)
+PRIOR_STRENGTH = 4.0  # pseudo-counts of the prior in each rate: the rescaled profile (own), the previous position (profile)
 
 
 class AcceptanceModel:
@@ -25,25 +30,33 @@ class AcceptanceModel:
         self.prior_strength = prior_strength
         self.reached: list[float] = []  # recent, per position
         self.accepted: list[float] = []
+        self.own_reached: list[float] = []  # recent in the cycles that drafted the position
+        self.own_accepted: list[float] = []
         self.profile_reached: list[float] = []
         self.profile_accepted: list[float] = []
+
+    def _all_counts(self) -> tuple[list[float], ...]:
+        return (self.reached, self.accepted, self.own_reached, self.own_accepted,
+                self.profile_reached, self.profile_accepted)
 
     def observe(self, num_steps: int, accepted_drafts: list[int]) -> None:
         if num_steps == 0 or not accepted_drafts:
             return
         if len(self.reached) < num_steps:
-            for counts in (self.reached, self.accepted, self.profile_reached, self.profile_accepted):
+            for counts in self._all_counts():
                 counts.extend([0.0] * (num_steps - len(counts)))
         for counts, decay in ((self.reached, self.decay), (self.accepted, self.decay),
                               (self.profile_reached, self.profile_decay), (self.profile_accepted, self.profile_decay)):
             counts[:] = [c * decay for c in counts]
+        for counts in (self.own_reached, self.own_accepted):
+            counts[:] = [c * (self.decay if i < num_steps else self.profile_decay) for i, c in enumerate(counts)]
         for n in accepted_drafts:
             for i in range(min(n + 1, num_steps)):
-                self.reached[i] += 1.0
-                self.profile_reached[i] += 1.0
+                for counts in (self.reached, self.own_reached, self.profile_reached):
+                    counts[i] += 1.0
             for i in range(n):
-                self.accepted[i] += 1.0
-                self.profile_accepted[i] += 1.0
+                for counts in (self.accepted, self.own_accepted, self.profile_accepted):
+                    counts[i] += 1.0
 
     def profile_rates(self, depth: int) -> list[float] | None:
         """Long-run a_1..a_depth, non-increasing; None before any draft was measured.
@@ -84,8 +97,8 @@ class AcceptanceModel:
         rates = []
         for i in range(depth):
             prior = min(1.0, profile[i] * scale)
-            reached = self.reached[i] if i < len(self.reached) else 0.0
-            accepted = self.accepted[i] if i < len(self.accepted) else 0.0
+            reached = self.own_reached[i] if i < len(self.own_reached) else 0.0
+            accepted = self.own_accepted[i] if i < len(self.own_accepted) else 0.0
             rate = (accepted + m * prior) / (reached + m)
             rates.append(min(rate, rates[-1]) if rates else rate)
         return rates
