@@ -239,10 +239,32 @@ def test_throughput_policy_gets_every_phase_time(spec_pair):
     start = time.perf_counter()
     engine.generate(PROMPTS, PARAMS)
     wall = time.perf_counter() - start
-    assert seen and all(set(t) == {"draft", "verify", "extend"} for t in seen)
+    assert seen and all(set(t) == {"catch_up", "draft", "verify", "extend"} for t in seen)
     assert all(0 <= v for t in seen for v in t.values())
     assert sum(sum(t.values()) for t in seen) <= wall
     assert all(t["verify"] > 0 for t in seen)
+
+
+def test_catching_up_on_cycles_sat_out_runs_before_drafting(spec_pair):
+    """Work held while the head sat out is caught up in `prepare`, before the cycle drafts (the worker
+    times it as the catch-up phase, which the throughput policy keeps out of the candidate's cost);
+    a cycle that drafts starts with none of it left, and a 0-step cycle catches nothing up."""
+    engine = engine_with_policy(spec_pair, lambda candidates, initial: CyclingPolicy(candidates, initial, every=2))
+    drafter, cycles = engine.worker.drafter, []
+    prepare = drafter.prepare
+
+    def recording(requests):
+        rows = [r.row for r in requests]
+        before = drafter.deferred.sat_out(rows)
+        prepare(requests)
+        cycles.append((drafter.num_steps, before, drafter.deferred.sat_out(rows)))
+
+    drafter.prepare = recording
+    engine.generate(PROMPTS, PARAMS)
+    assert any(k > 0 and before for k, before, _ in cycles)  # some cycle drafted after sitting out
+    assert all(not after for k, _, after in cycles if k > 0)
+    assert any(before for k, before, _ in cycles if k == 0)  # a second 0-step cycle in a row holds work...
+    assert all(before == after for k, before, after in cycles if k == 0)  # ... and leaves it held
 
 
 @pytest.mark.parametrize("sat_out,drafting", [(0, 3), (0, TreeShape(3, 2, 6)), (DrafterCandidate("ngram", 4), 3),

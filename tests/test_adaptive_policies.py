@@ -110,6 +110,13 @@ def test_a_depth_not_drafted_keeps_what_it_measured_on_the_current_text():
     assert m.profile_rates(2)[1] > 0.75  # the long-run profile alone would say code
 
 
+def test_throughput_policy_keeps_catching_up_out_of_the_cost():
+    # the draft-extend over cycles the head sat out is a cost of switching back, not of the candidate
+    p = ThroughputPolicy((1, 3), 1, AcceptanceModel(1.0), ema_alpha=1.0, update_interval=100, probe_interval=0)
+    p.observe(1, [1], {"catch_up": 5.0, "draft": 1.0, "verify": 2.0, "extend": 0.5})
+    assert p.cycle_seconds(1, 1) == pytest.approx(3.5)
+
+
 def test_cycle_cost_line_through_every_measured_step_count():
     from engine.speculative.adaptive.cycle_cost import CycleCostModel
 

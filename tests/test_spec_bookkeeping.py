@@ -40,6 +40,18 @@ def test_held_work_is_replayed_once_per_row_and_forgotten_when_the_row_is_reused
     assert rows == [7] and tokens == [[2]]
 
 
+def test_held_work_says_whether_the_head_sat_out_any_of_it():
+    held = DeferredExtend()
+    f = torch.zeros(3, 2)
+    held.hold([4], [0], [[1]], f[:1], sat_out=False)  # skipped by the hybrid rule
+    held.hold([7], [0], [[2]], f[1:2])
+    assert not held.sat_out([4]) and held.sat_out([7]) and held.sat_out([4, 7]) and not held.sat_out([9])
+    held.hold([4], [1], [[3]], f[2:])  # then the head sat out in row 4 too
+    assert held.sat_out([4])
+    held.take([4, 7])
+    assert not held.sat_out([4, 7])
+
+
 def test_runtime_state_parts_must_agree_and_the_state_is_frozen():
     import dataclasses
 

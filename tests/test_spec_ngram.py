@@ -155,12 +155,18 @@ def test_hybrid_runs_the_head_only_where_the_lookup_is_not_trusted(spec_pair, pl
     target, heads = spec_pair
     overrides = hybrid_overrides(target, heads["eagle3"], "eagle3", 3, 1, None, "speculative.ngram_trust=1")
     with build_engine(overrides) as eng:
-        drafts = []
-        draft = eng.worker.drafter.draft
-        eng.worker.drafter.draft = lambda *a, **kw: drafts.append(1) or draft(*a, **kw)
+        proposals, drafts, sat_out = [], [], []
+        drafter = eng.worker.drafter
+        propose, draft, hold = drafter.propose, drafter.draft, drafter.deferred.hold
+        drafter.propose = lambda *a, **kw: proposals.append(1) or propose(*a, **kw)
+        drafter.draft = lambda *a, **kw: drafts.append(1) or draft(*a, **kw)
+        drafter.deferred.hold = lambda *a, **kw: sat_out.append(kw.get("sat_out", True)) or hold(*a, **kw)
         outs = eng.generate(PROMPTS, PARAMS)
-    assert [o.token_ids for o in outs] == plain
-    assert 0 < len(drafts) < eng.metrics()["num_verify_cycles"]
+        alone = eng.generate(PROMPTS[:1], PARAMS[:1])  # text that repeats, alone: its matches decide
+    assert [o.token_ids for o in outs] == plain and alone[0].token_ids == plain[0]
+    assert 0 < len(drafts) < len(proposals)
+    # the rule's own skips are part of its running cost: not held as sitting out (see `prepare`)
+    assert sat_out and not any(sat_out)
 
 
 def test_hybrid_on_triton_and_under_adaptive_control(spec_pair, plain):

@@ -52,6 +52,9 @@ class HybridDrafter(EagleDraftWorker):
             return self.ngram.propose(requests, sampling)
         return super().propose(requests, sampling)
 
+    def head_drafts_now(self) -> bool:
+        return self.num_steps > 0 and self.mode != "ngram"
+
     def _head_drafts(self, requests: list[Request]) -> bool:
         if self.num_steps == 0 or self.mode == "ngram":
             return False
@@ -84,4 +87,4 @@ class HybridDrafter(EagleDraftWorker):
         if self._head_ran:
             self.forward_draft_extend(rows, prefix_lens, emitted, features)
         else:
-            self.deferred.hold(rows, prefix_lens, emitted, features)
+            self.deferred.hold(rows, prefix_lens, emitted, features, sat_out=not self.head_drafts_now())

@@ -38,6 +38,9 @@ class NgramDrafter:
             self.indexes[request.row] = NgramIndex(request.all_ids + [token], self.min_match, self.max_match,
                                                    self.max_branches)
 
+    def prepare(self, requests: list[Request]) -> None:
+        """Nothing is held back: the index sees every verified token as it comes."""
+
     def propose(self, requests: list[Request], sampling: SamplingBatch) -> torch.Tensor:
         """[B, w] drafts, w the longest proposal (<= num_steps), shorter ones padded with -1."""
         branches = self.branches(requests, 1)

@@ -9,7 +9,8 @@ n-gram: index update). Target KV written at rejected positions is never read: th
 overwrites it, and masks only read below the committed length. With topk > 1 the drafter proposes
 a tree, verified under a tree mask.
 
-A drafter implements `start(requests, out, first)`, `propose(requests, sampling) -> drafts [B, w]`
+A drafter implements `start(requests, out, first)`, `prepare(requests)` (before drafting: catch up on
+work held while its head sat out, timed as the `catch_up` phase), `propose(requests, sampling) -> drafts [B, w]`
 (w <= k; -1 where a request has no more drafts), `propose_tree(requests, sampling, bonus, topk, num_nodes) -> DraftTree` and
 `after_verify(requests, prefix_lens, emitted, out, keep)`, and carries `num_steps` (bound here).
 
@@ -93,6 +94,8 @@ class SpeculativeWorker:
         seq_lens = [r.num_computed for r in requests]
         sampling = SamplingBatch.of_requests(requests, self.req_to_token.device)
         bonus = torch.tensor([r.output_ids[-1] for r in requests], dtype=torch.int64)
+        self.drafter.prepare(requests)
+        clock.lap(CATCH_UP_PHASE)
         if self.state.topk > 1:
             return self._decode_tree(requests, rows, seq_lens, sampling, bonus, clock)
         drafts = self.drafter.propose(requests, sampling)  # [B, w], w <= k; -1: no draft there
@@ -179,6 +182,11 @@ class SpeculativeWorker:
         if self.controller is not None:
             stats.update(self.controller.stats())
         return stats
+
+
+# the phase of an iteration that catches the head up on cycles it sat out: a cost of the switch back
+# to drafting with it, which an adaptive policy keeps out of the cost of the candidate it switched to
+CATCH_UP_PHASE = "catch_up"
 
 
 class _PhaseClock:

@@ -6,7 +6,9 @@ chain cycle informs every depth); for a tree shape or another drafter, from the 
 its own cycles (a tree's acceptance is not a chain's at any depth, nor is n-gram lookup's), averaged
 by a `SettlingAverage` of weight `OWN_ALPHA`. The seconds per cycle at the current batch size come
 from the tier's cost model (`cycle_cost.py`: one line in k fitted from every measured chain k; each
-other candidate on its own). Estimated rate = expected tokens / seconds.
+other candidate on its own; the draft-extend that catches the head up on cycles it sat out, at 0
+steps or while another drafter drafted, is a cost of switching back and stays out of it). Estimated
+rate = expected tokens / seconds.
 
 It first runs `update_interval` cycles at each candidate (the initial one, then chains outwards from
 its step count, then tree shapes and other drafters), skipping one that the measurements so far
@@ -26,6 +28,7 @@ from engine.speculative.adaptive.cycle_cost import CycleCostModel
 from engine.speculative.adaptive.settling_average import SettlingAverage
 from engine.speculative.adaptive.tiers import chains_of, others_of
 from engine.speculative.candidate import Candidate
+from engine.speculative.worker import CATCH_UP_PHASE
 
 
 PROBE_MARGIN = 0.1  # probe a candidate estimated at >= (1 - margin) x the best rate
@@ -74,7 +77,9 @@ class ThroughputPolicy:
             self.acceptance.observe(candidate, accepted_drafts)
         self.batch_size = max(len(accepted_drafts), 1)
         self._last_run[candidate] = self.updates
-        self.costs.observe(candidate, self.batch_size, sum(timings.values()))
+        # catching the head up on cycles it sat out is a cost of switching, not of this candidate
+        seconds = sum(t for phase, t in timings.items() if phase != CATCH_UP_PHASE)
+        self.costs.observe(candidate, self.batch_size, seconds)
         self.cycles += 1
         if self.cycles % self.update_interval == 0:
             self._update()
