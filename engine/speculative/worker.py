@@ -89,13 +89,13 @@ class SpeculativeWorker:
         if self.controller is not None:
             self.apply_runtime_state(self.candidate_states[self.controller.choose(len(requests))])
         clock = _PhaseClock(self.req_to_token.device, sync=self.controller is not None and self.controller.needs_timings)
+        self.drafter.prepare(requests)
+        clock.lap(CATCH_UP_PHASE)
         k, b = self.num_steps, len(requests)
         rows = [r.row for r in requests]
         seq_lens = [r.num_computed for r in requests]
         sampling = SamplingBatch.of_requests(requests, self.req_to_token.device)
         bonus = torch.tensor([r.output_ids[-1] for r in requests], dtype=torch.int64)
-        self.drafter.prepare(requests)
-        clock.lap(CATCH_UP_PHASE)
         if self.state.topk > 1:
             return self._decode_tree(requests, rows, seq_lens, sampling, bonus, clock)
         drafts = self.drafter.propose(requests, sampling)  # [B, w], w <= k; -1: no draft there
