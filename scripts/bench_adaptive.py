@@ -10,8 +10,8 @@ half and drains in the second, passing through the smaller tiers. A batch size g
 max(--num-prompts, 8 B) prompts. `--alternate prompt` (the default) alternates them prompt by
 prompt, so at batch > 1 every wave mixes code and prose and the mix is the same all along;
 `--alternate wave` alternates code waves and prose waves, so the text changes in time at every
-batch size. With waves of one kind each, the report adds the ceiling of any step count chosen per
-wave: each kind's waves at the fixed k that ran them fastest.
+batch size. With waves of one kind each, the report adds the ceiling of any setting chosen per
+wave: each kind's waves at the fixed setting (plain or k) that ran them fastest.
 
 For each batch size every configuration is built up front: plain decoding, every fixed k among the
 candidates of the tiers that batch passes through, and the `ema` and `throughput` policies (their

@@ -106,6 +106,7 @@ def test_a_depth_not_drafted_keeps_what_it_measured_on_the_current_text():
     assert measured < 0.4
     for _ in range(40):  # prose at 1 step: position 1 as before, nothing seen at position 2
         m.observe(1, [1, 1, 1, 1, 0])
+    # within 0.05: the own counts age slowly (profile_decay) while not drafted, shrinking a little toward the prior
     assert m.conditional_rates(2)[1] == pytest.approx(measured, abs=0.05)
     assert m.profile_rates(2)[1] > 0.75  # the long-run profile alone would say code
 

@@ -83,12 +83,13 @@ def test_bench_adaptive_alternates_code_and_prose_wave_by_wave(tmp_path):
     fixed = {n: r for n, r in rows.items() if n == "plain" or n.startswith("k=")}
     for kind, name in ceiling["choice"].items():  # each kind at the fixed setting fastest on it
         assert rows[name]["by_kind"][kind] == max(r["by_kind"][kind] for r in fixed.values())
-    assert min(r["tokens_per_s"] for r in fixed.values()) <= ceiling["tokens_per_s"]
+    # every setting generates the same tokens per kind, so the fastest per kind beats any one of them
+    assert ceiling["tokens_per_s"] >= max(r["tokens_per_s"] for r in fixed.values()) * (1 - 1e-9)
     assert "ceiling of a setting chosen per wave:" in out and "code and prose alternating wave by wave" in out
 
 
-def test_bench_adaptive_workload_alternates_prompts_or_waves():
-    sys.path.insert(0, str(SCRIPTS))
+def test_bench_adaptive_workload_alternates_prompts_or_waves(monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPTS))
     from bench_adaptive import workload
 
     by_wave = workload(8, 2, "wave")
