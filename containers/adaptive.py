@@ -1,11 +1,12 @@
 """Candidate runtime states of adaptive speculation, each built under a `ProviderScope` that sets the
-step count, tree shape and drafter for the duration of the build and leaves the live worker exactly as it was."""
+candidate (drafter, step count, tree shape) for the duration of the build and leaves the live worker
+exactly as it was."""
 
 from dependency_injector import providers
 
 from containers.scope import BindingGuard, BuildTrackingSingleton, ProviderScope
 from engine.speculative.bindings import restore_bindings, snapshot_bindings
-from engine.speculative.candidate import Candidate, drafter_of, shape_of
+from engine.speculative.candidate import Candidate
 from engine.speculative.state import SpecRuntimeState
 
 
@@ -24,14 +25,9 @@ def live_bindings(container) -> BindingGuard:
 
 
 def speculative_scope(container, candidate: Candidate) -> ProviderScope:
-    """A scope in which `container.speculative` builds for `candidate`: a step count (a chain), a tree
-    shape, or another drafter at its shape."""
-    shape = shape_of(candidate)
-    spec = container.speculative
+    """A scope in which `container.speculative` builds for `candidate`."""
     return ProviderScope(
-        overrides={spec.num_steps: providers.Object(shape.num_steps), spec.topk: providers.Object(shape.topk),
-                   spec.num_draft_tokens: providers.Object(shape.num_draft_tokens),
-                   spec.drafter_choice: providers.Object(drafter_of(candidate))},
+        overrides={container.speculative.candidate: providers.Object(candidate)},
         singletons=container.traverse(types=[BuildTrackingSingleton]),
         bindings=live_bindings(container),
         key=container,

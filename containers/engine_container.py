@@ -1,7 +1,5 @@
 """The top container: composes models, cache and runtime from one plain config dict."""
 
-from operator import attrgetter
-
 from dependency_injector import containers, providers
 
 from containers import factories
@@ -20,7 +18,6 @@ from engine.speculative.adaptive.controller import AdaptiveController
 from engine.speculative.adaptive.ema import EmaPolicy
 from engine.speculative.adaptive.throughput import ThroughputPolicy
 from engine.speculative.adaptive.tiers import build_tiers
-from engine.speculative.candidate import configured_candidate
 from engine.speculative.worker import SpeculativeWorker
 from engine.stopping import StopChecker
 from engine.worker import DecodeWorker
@@ -45,15 +42,17 @@ class EngineContainer(containers.DeclarativeContainer):
         providers.Callable(factories.head_dim_of, models.target_model),
     )
 
-    target_runner = Singleton(
-        ModelRunner, model=models.target_model, kv_pool=cache.target_pool, attn_backend=target_attention_backend,
-    )
     sampler = Singleton(Sampler)
-    req_to_token = providers.Callable(attrgetter("table"), cache.req_to_token)
+    req_to_token = cache.req_to_token.provided.table
     speculative = providers.Container(
         SpeculativeContainer, config=config, device=models.device, target_model=models.target_model,
         num_pages=cache.num_pages, req_to_token=req_to_token, verify_backend=target_attention_backend,
         sampler=sampler,
+    )
+    # the target captures the layers the draft head reads, told when it is built
+    target_runner = Singleton(
+        ModelRunner, model=models.target_model, kv_pool=cache.target_pool, attn_backend=target_attention_backend,
+        capture_layers=speculative.capture_layers,
     )
     decode_worker = Singleton(DecodeWorker, runner=target_runner, req_to_token=req_to_token, sampler=sampler)
     spec_worker = Singleton(
@@ -63,9 +62,7 @@ class EngineContainer(containers.DeclarativeContainer):
 
     # adaptive speculation: one policy per batch-size tier, one prebuilt runtime state per candidate
     adaptive_tiers = providers.Callable(
-        build_tiers, config.adaptive.tiers,
-        providers.Callable(configured_candidate, config.speculative.num_steps, config.speculative.topk,
-                           config.speculative.num_draft_tokens))
+        build_tiers, config.adaptive.tiers, providers.Callable(factories.configured_candidate, config.speculative))
     acceptance_model = Singleton(AcceptanceModel, decay=providers.Callable(factories.decay_of, config.adaptive.ema_alpha))
     ema_policy = providers.Factory(
         EmaPolicy, ema_alpha=config.adaptive.ema_alpha, update_interval=config.adaptive.update_interval,
@@ -87,7 +84,6 @@ class EngineContainer(containers.DeclarativeContainer):
     speculative_worker = providers.Selector(
         config.adaptive.policy, off=spec_worker, ema=adaptive_worker, throughput=adaptive_worker,
     )
-    # the draft head must load before the target runs: it chooses which target layers to capture
     worker = providers.Selector(
         config.speculative.algorithm, none=decode_worker, eagle=speculative_worker, eagle3=speculative_worker,
         ngram=speculative_worker, standalone=speculative_worker,

@@ -8,9 +8,7 @@ from engine.cache.kv_pool import PagedKVPool
 from engine.errors import ConfigError
 from engine.models.config import DTYPES
 from engine.sampling_params import SamplingParams
-from engine.speculative.adaptive.tiers import parse_candidate, sorted_candidates
-from engine.speculative.candidate import DrafterCandidate, shape_of
-from engine.speculative.tree import TreeShape
+from engine.speculative.candidate import Candidate, parse_candidate, sorted_candidates
 from engine.tokenizer import Tokenizer
 
 
@@ -79,22 +77,26 @@ def model_dtype(name: str) -> str:
     return name
 
 
-def lookahead_tokens(algorithm: str, shapes: list[TreeShape]) -> int:
+def lookahead_tokens(algorithm: str, shapes: list[Candidate]) -> int:
     """KV positions a speculative step may write past the committed length, over every shape the worker
     may run: the verify chain, or a tree's nodes and the draft forwards' frontier nodes."""
     if algorithm == "none":
         return 0
     # a standalone LM's draft nodes sit one column past an EAGLE head's (after the root's)
-    return max(s.num_steps + 1 if s.topk == 1 else max(s.num_steps + 1, s.num_draft_tokens, (s.num_steps - 1) * s.topk + 1)
+    return max(s.num_steps + 1 if s.is_chain else max(s.num_steps + 1, s.num_draft_tokens, (s.num_steps - 1) * s.topk + 1)
                for s in shapes)
 
 
-def speculative_shapes(spec: dict, adaptive: dict) -> list[TreeShape]:
-    """The configured shape and, with adaptive speculation, every candidate's (a chain of k: k x 1 / k + 1)."""
-    shapes = [TreeShape(spec["num_steps"], spec["topk"], spec["num_draft_tokens"])]
+def speculative_shapes(spec: dict, adaptive: dict) -> list[Candidate]:
+    """The configured candidate and, with adaptive speculation, every tier's."""
+    shapes = [configured_candidate(spec)]
     if adaptive["policy"] != "off":
-        shapes += [shape_of(candidate) for candidate in adaptive_candidates(adaptive)]
+        shapes += adaptive_candidates(adaptive)
     return shapes
+
+
+def configured_candidate(spec: dict) -> Candidate:
+    return Candidate(spec["num_steps"], spec["topk"], spec["num_draft_tokens"])
 
 
 def max_topk(spec: dict, adaptive: dict) -> int:
@@ -102,26 +104,31 @@ def max_topk(spec: dict, adaptive: dict) -> int:
     return max(shape.topk for shape in speculative_shapes(spec, adaptive))
 
 
-def adaptive_candidates(adaptive: dict) -> list:
-    """Every tier's candidates: step counts, TreeShapes and DrafterCandidates, ordered by `candidate_sort_key`."""
+def adaptive_candidates(adaptive: dict) -> list[Candidate]:
+    """Every tier's candidates, ordered by `Candidate.sort_key`."""
     return sorted_candidates(parse_candidate(c) for tier in adaptive["tiers"] for c in tier["candidates"])
 
 
 def drafter_name(algorithm: str, adaptive: dict) -> str:
     """The drafter to build: the one `algorithm` names, or the hybrid (which can draft as the head alone, as
     n-gram lookup alone, or as both) when adaptive tiers list other drafters."""
-    others = adaptive["policy"] != "off" and any(isinstance(c, DrafterCandidate) for c in adaptive_candidates(adaptive))
+    others = adaptive["policy"] != "off" and any(c.drafter is not None for c in adaptive_candidates(adaptive))
     return "hybrid" if others else algorithm
 
 
 def hybrid_mode(algorithm: str) -> str:
-    """How the hybrid drafter drafts in the configured runtime state: as itself, or as the configured head alone."""
+    """How the hybrid drafter drafts the configured drafter's candidates: as itself, or as the head alone."""
     return "hybrid" if algorithm == "hybrid" else "head"
 
 
-def draft_backends_of(algorithm: str, drafter: str | None) -> str:
+def draft_backends_of(algorithm: str, candidate: Candidate) -> str:
     """Whether a runtime state gets draft-head backends: not for n-gram lookup (no draft model)."""
-    return "none" if (drafter or algorithm) == "ngram" else "head"
+    return "none" if (candidate.drafter or algorithm) == "ngram" else "head"
+
+
+def capture_layers_of(draft, target) -> tuple[int, ...]:
+    """The target layers whose input the draft head reads as features."""
+    return draft.target_aux_layer_ids(target.config.num_hidden_layers)
 
 
 def enable_adaptive(worker, states: dict, controller):
@@ -130,10 +137,6 @@ def enable_adaptive(worker, states: dict, controller):
 
 def decay_of(ema_alpha: float) -> float:
     return 1.0 - ema_alpha
-
-
-def table_width(max_context_len: int, lookahead: int) -> int:
-    return max_context_len + lookahead
 
 
 def backend_or_default(name: str | None, default: str) -> str:
@@ -154,13 +157,3 @@ def model_dtype_of(model) -> torch.dtype:
 def draft_kv_pool(draft, num_pages: int, page_size: int, device: torch.device) -> PagedKVPool:
     cfg = draft.config  # EAGLE heads: one layer; a standalone LM: all of its layers
     return PagedKVPool(getattr(draft, "num_kv_layers", 1), num_pages, page_size, cfg.num_key_value_heads, cfg.head_dim, model_dtype_of(draft), device)
-
-
-def hidden_size_of(model) -> int:
-    return model.config.hidden_size
-
-
-def draft_vocab_size_of(draft) -> int:
-    return draft.draft_vocab_size
-
-

@@ -1,4 +1,5 @@
-"""The draft side of speculative decoding: head, its KV pool and runner, backend factory, draft worker."""
+"""The draft side of speculative decoding: the draft model, its KV pool and runner, backend factory,
+the drafters, and the runtime state of one candidate."""
 
 from dependency_injector import containers, providers
 
@@ -8,11 +9,13 @@ from engine.attention.registry import BACKENDS
 from engine.models.draft_loader import load_draft
 from engine.runner import ModelRunner
 from engine.speculative.backend_factory import DraftBackendFactory
-from engine.speculative.chain_buffers import ChainBuffers
-from engine.speculative.draft_worker import EagleDraftWorker
-from engine.speculative.hybrid_drafter import HybridDrafter
-from engine.speculative.ngram_drafter import NgramDrafter
-from engine.speculative.standalone_drafter import StandaloneDrafter
+from engine.speculative.candidate import Candidate
+from engine.speculative.drafters.draft_state_buffers import DraftStateBuffers
+from engine.speculative.drafters.eagle import EagleDrafter
+from engine.speculative.drafters.head import DraftHead
+from engine.speculative.drafters.hybrid import HybridDrafter
+from engine.speculative.drafters.ngram import NgramDrafter
+from engine.speculative.drafters.standalone import StandaloneDrafter
 from engine.speculative.state import SpecRuntimeState
 from engine.speculative.verify_buffers import VerifyBuffers
 
@@ -26,20 +29,24 @@ class SpeculativeContainer(containers.DeclarativeContainer):
     verify_backend = providers.Dependency()  # builds a fresh target attention backend per call
     sampler = providers.Dependency()
 
-    # the step count, tree shape and drafter a runtime state is built for (None: the configured drafter);
-    # adaptive speculation overrides them in a scope
-    num_steps = providers.Callable(int, config.speculative.num_steps)
-    topk = providers.Callable(int, config.speculative.topk)
-    num_draft_tokens = providers.Callable(int, config.speculative.num_draft_tokens)
-    drafter_choice = providers.Object(None)
+    # the candidate a runtime state is built for; adaptive speculation overrides it in a scope
+    candidate = providers.Factory(
+        Candidate, num_steps=config.speculative.num_steps, topk=config.speculative.topk,
+        num_draft_tokens=config.speculative.num_draft_tokens,
+    )
 
     draft_model = Singleton(
         load_draft, path=config.draft.path, kind=config.draft.kind, target=target_model,
         dtype=config.draft.dtype, device=device, weight_layout=config.model.weight_layout,
         target_path=config.model.path,
     )
+    # the target layers whose input an EAGLE-3 head reads (none for other drafters)
+    capture_layers = providers.Selector(
+        config.draft.kind, eagle=providers.Object(()), lm=providers.Object(()), none=providers.Object(()),
+        eagle3=providers.Callable(factories.capture_layers_of, draft_model, target_model),
+    )
     draft_pool = Singleton(factories.draft_kv_pool, draft_model, num_pages, config.cache.page_size, device)
-    draft_head_dim = providers.Callable(factories.head_dim_of, draft_model)
+    draft_head_dim = draft_model.provided.config.head_dim
     # the draft runner's own backend, kept when no draft-extend backend is created
     draft_runner_backend = providers.Factory(
         factories.attention_backend, providers.Object(BACKENDS), config.attention.backend, draft_head_dim,
@@ -49,7 +56,7 @@ class SpeculativeContainer(containers.DeclarativeContainer):
         DraftBackendFactory,
         backend_classes=providers.Object(BACKENDS),
         head_dim=draft_head_dim,
-        num_steps=num_steps,
+        num_steps=candidate.provided.num_steps,
         attention_mode=config.speculative.attention_mode,
         prefill_backend=providers.Callable(factories.backend_or_default, config.attention.prefill_backend,
                                            config.attention.backend),
@@ -57,49 +64,41 @@ class SpeculativeContainer(containers.DeclarativeContainer):
                                           config.attention.backend),
         draft_attention_backend=config.speculative.draft_attention_backend,
     )
-    chain_buffers = Singleton(
-        ChainBuffers, max_requests=config.cache.max_running_requests,
-        hidden_size=providers.Callable(factories.hidden_size_of, draft_model),
-        vocab_size=providers.Callable(factories.draft_vocab_size_of, draft_model),
+    draft_state_buffers = Singleton(
+        DraftStateBuffers, max_requests=config.cache.max_running_requests,
+        hidden_size=draft_model.provided.config.hidden_size, vocab_size=draft_model.provided.draft_vocab_size,
         dtype=providers.Callable(factories.model_dtype_of, draft_model), device=device,
     )
-    eagle_drafter = Singleton(
-        EagleDraftWorker, draft_runner=draft_runner, req_to_token=req_to_token, buffers=chain_buffers,
-        sampler=sampler, draft_sampling=config.speculative.draft_sampling,
-        tree_score_temperature=config.speculative.tree_score_temperature,
+    head = Singleton(
+        DraftHead, runner=draft_runner, req_to_token=req_to_token, buffers=draft_state_buffers, sampler=sampler,
+        draft_sampling=config.speculative.draft_sampling, tree_score_temperature=config.speculative.tree_score_temperature,
     )
-    standalone_drafter = Singleton(
-        StandaloneDrafter, draft_runner=draft_runner, req_to_token=req_to_token, buffers=chain_buffers,
-        sampler=sampler, draft_sampling=config.speculative.draft_sampling,
-        tree_score_temperature=config.speculative.tree_score_temperature,
-    )
+    eagle_drafter = Singleton(EagleDrafter, head=head)
+    standalone_drafter = Singleton(StandaloneDrafter, head=head)
     ngram_drafter = Singleton(
         NgramDrafter, min_match=config.speculative.ngram_min_match, max_match=config.speculative.ngram_max_match,
         max_branches=providers.Callable(factories.max_topk, config.speculative, config.adaptive), device=device,
     )
     hybrid_drafter = Singleton(
-        HybridDrafter, draft_runner=draft_runner, req_to_token=req_to_token, buffers=chain_buffers,
-        sampler=sampler, draft_sampling=config.speculative.draft_sampling,
-        tree_score_temperature=config.speculative.tree_score_temperature, ngram=ngram_drafter,
-        ngram_trust=config.speculative.ngram_trust,
-        mode=providers.Callable(factories.hybrid_mode, config.speculative.algorithm),
+        HybridDrafter, eagle=eagle_drafter, lookup=ngram_drafter, ngram_trust=config.speculative.ngram_trust,
+        configured_mode=providers.Callable(factories.hybrid_mode, config.speculative.algorithm),
     )
-    # the drafter `speculative.algorithm` names (the hybrid, as the head alone, when adaptive tiers list
-    # other drafters); n-gram loads no draft model and has no draft backends
+    # the drafter the worker drafts with (`factories.drafter_name`); n-gram loads no draft model
     drafter = providers.Selector(
         providers.Callable(factories.drafter_name, config.speculative.algorithm, config.adaptive),
         eagle=eagle_drafter, eagle3=eagle_drafter, ngram=ngram_drafter, standalone=standalone_drafter,
         hybrid=hybrid_drafter,
     )
     backend_factory = providers.Selector(
-        providers.Callable(factories.draft_backends_of, config.speculative.algorithm, drafter_choice),
+        providers.Callable(factories.draft_backends_of, config.speculative.algorithm, candidate),
         head=head_backend_factory, none=providers.Object(None),
     )
     verify_buffers = providers.Factory(
-        VerifyBuffers, max_requests=config.cache.max_running_requests, num_steps=num_steps, device=device,
+        VerifyBuffers, max_requests=config.cache.max_running_requests,
+        num_draft_tokens=candidate.provided.num_draft_tokens, device=device,
     )
-    # everything that depends on the step count, built fresh on each call
+    # everything that depends on the candidate, built fresh on each call
     runtime_state = providers.Factory(
-        SpecRuntimeState.create, num_steps=num_steps, backend_factory=backend_factory, verify_backend=verify_backend,
-        verify_buffers=verify_buffers, topk=topk, num_draft_tokens=num_draft_tokens, drafter=drafter_choice,
+        SpecRuntimeState.create, candidate=candidate, backend_factory=backend_factory, verify_backend=verify_backend,
+        verify_buffers=verify_buffers,
     )

@@ -16,10 +16,12 @@ class ForwardOutput:
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, kv_pool: PagedKVPool, attn_backend):
+    def __init__(self, model: torch.nn.Module, kv_pool: PagedKVPool, attn_backend, capture_layers: tuple[int, ...] = ()):
         self.model = model
         self.kv_pool = kv_pool
         self.attn_backend = attn_backend
+        # target layers whose input every forward returns (`aux_hidden`): an EAGLE-3 head's features
+        self.capture_layers = tuple(capture_layers)
 
     @property
     def device(self) -> torch.device:
@@ -36,6 +38,8 @@ class ModelRunner:
         batch.kv_pool = self.kv_pool
         batch.attn_backend = backend
         backend.init_forward_metadata(batch)
+        if self.capture_layers:
+            model_inputs["aux_layer_ids"] = self.capture_layers
         hidden, aux = self.model(batch.input_ids, batch.positions, batch, **model_inputs)
         if logits_indices is not None:
             last = hidden[logits_indices]

@@ -57,11 +57,12 @@ class Heads(torch.nn.Module):
 
 
 @torch.no_grad()
-def target_pass(target, windows: torch.Tensor):
-    """[B, T+1] windows -> final hidden [B, T, H], aux [B, T, 3H], probs [B, T, V] over x_0..x_{T-1}."""
+def target_pass(target, windows: torch.Tensor, aux_layer_ids: tuple[int, ...]):
+    """[B, T+1] windows -> final hidden [B, T, H], aux [B, T, 3H] (the inputs of `aux_layer_ids`),
+    probs [B, T, V] over x_0..x_{T-1}."""
     b, t = windows.shape[0], windows.shape[1] - 1
     inputs = windows[:, :-1].reshape(-1)
-    hidden, aux = target(inputs, dense_positions(b, t, inputs.device), dense_batch(b, t))
+    hidden, aux = target(inputs, dense_positions(b, t, inputs.device), dense_batch(b, t), aux_layer_ids)
     probs = target.compute_logits(hidden).softmax(-1)
     return hidden.view(b, t, -1), torch.cat(aux, -1).view(b, t, -1), probs.view(b, t, -1)
 
@@ -105,7 +106,7 @@ def eagle3_unroll(heads: Heads, windows, aux, probs, steps: int):
         yield s, logits, draft_probs_all[:, tgt_idx], valid, probs[:, tgt_idx]
 
 
-def export(heads: Heads, target, cfg, ttt_report: dict):
+def export(heads: Heads, target, cfg, ttt_report: dict, aux_layer_ids: tuple[int, ...]):
     tc = target.config
     common = {
         "model_type": "llama", "hidden_size": tc.hidden_size, "intermediate_size": tc.intermediate_size,
@@ -122,7 +123,7 @@ def export(heads: Heads, target, cfg, ttt_report: dict):
     e3_state = {k: v for k, v in e3.state_dict().items() if k.startswith(("fc.", "midlayer.", "norm.", "lm_head."))}
     e3_config = {"architectures": ["LlamaForCausalLMEagle3"], **common, "draft_vocab_size": e3.draft_vocab_size,
                  "target_hidden_size": tc.hidden_size, "tie_word_embeddings": False,
-                 "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(target.aux_layer_ids)}}
+                 "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(aux_layer_ids)}}
     save_hf_dir(resolve(cfg.out_dir.eagle3), e3_config, e3_state, dtype)
     from safetensors.torch import load_file, save_file  # d2t / t2d keep their integer / bool dtypes
 
@@ -137,7 +138,7 @@ def main(cfg: DictConfig) -> None:
     corpus_dir, tok_dir, work_dir = prepare(cfg)
     target = load_model(resolve(cfg.target_dir), dtype="float32")
     num_layers = target.config.num_hidden_layers
-    target.aux_layer_ids = (2, num_layers // 2, num_layers - 3)
+    aux_layer_ids = (2, num_layers // 2, num_layers - 3)
     cache_dir = resolve(cfg.work_dir) / "data"
     streams = {s: token_stream(corpus_dir, tok_dir, s, cache_dir) for s in ("train", "valid")}
     counts = torch.bincount(streams["train"].long(), minlength=target.config.vocab_size)
@@ -151,7 +152,7 @@ def main(cfg: DictConfig) -> None:
 
     def loss_fn(gen):
         windows = random_windows(streams["train"], t.batch_size, t.seq_len, gen)
-        hidden, aux, probs = target_pass(target, windows)
+        hidden, aux, probs = target_pass(target, windows, aux_layer_ids)
         loss, _ = eagle_loss(heads, windows, hidden, probs, cfg.eagle_ce_weight)
         for s, logits, tgt, valid, _ in eagle3_unroll(heads, windows, aux, probs, cfg.ttt_steps):
             loss = loss + cfg.ttt_weight ** s * soft_ce(logits, tgt, valid)
@@ -163,7 +164,7 @@ def main(cfg: DictConfig) -> None:
         eagle1_agree = 0.0
         for i in range(0, len(evals), 8):
             windows = evals[i:i + 8]
-            hidden, aux, probs = target_pass(target, windows)
+            hidden, aux, probs = target_pass(target, windows, aux_layer_ids)
             _, pred = eagle_loss(heads, windows, hidden, probs, cfg.eagle_ce_weight)
             target_next = probs[:, 1:].argmax(-1)
             eagle1_agree += float((heads.eagle.compute_logits(pred).argmax(-1) == target_next).float().mean())
@@ -174,7 +175,7 @@ def main(cfg: DictConfig) -> None:
         return {"eagle3_top1_by_depth": [a / batches for a in agree], "eagle_top1": eagle1_agree / batches}
 
     summary = train(heads, loss_fn, t, work_dir / "state.pt", generator, on_eval, label="heads")
-    export(heads, target, cfg, summary)
+    export(heads, target, cfg, summary, aux_layer_ids)
     report = {**summary, "draft_vocab_coverage": coverage, "config": OmegaConf.to_container(cfg)}
     (work_dir / "report.json").write_text(json.dumps(report, indent=2))
     print(f"heads written to {resolve(cfg.out_dir.eagle)} and {resolve(cfg.out_dir.eagle3)}; "

@@ -145,7 +145,7 @@ def test_published_head_layouts_load(spec_pair, tmp_path):
     assert eagle.fc.bias is not None and eagle.lm_head is target.lm_head and eagle.embed_tokens is target.model.embed_tokens
     eagle3 = load_draft(write_eagle3_head(tmp_path / "e3", target_dir, draft_vocab_size=100, fmt="safetensors",
                                           aux_layer_ids=(0, 1, 3)), "eagle3", target)
-    assert eagle3.draft_vocab_size == 100 and target.aux_layer_ids == (0, 1, 3)
+    assert eagle3.draft_vocab_size == 100 and eagle3.target_aux_layer_ids(target.config.num_hidden_layers) == (0, 1, 3)
     assert int(eagle3.t2d.sum()) == 100 and eagle3.d2t.dtype == torch.int64
 
 

@@ -38,7 +38,7 @@ def train_heads(target_dir: Path, eagle_dir: Path, eagle3_dir: Path, *, steps: i
     windows = sampled_windows(target_dir, 96, 48, seed)
     target = load_model(target_dir, dtype="float32")
     num_layers = target.config.num_hidden_layers
-    target.aux_layer_ids = (min(2, num_layers - 1), num_layers // 2, max(num_layers - 3, 0))
+    aux_layer_ids = (min(2, num_layers - 1), num_layers // 2, max(num_layers - 3, 0))
     counts = torch.bincount(windows.flatten(), minlength=target.config.vocab_size)
     draft_vocab_ids = torch.sort(counts.topk(draft_vocab_size).indices).values
     heads = Heads(target, draft_vocab_ids)
@@ -46,7 +46,7 @@ def train_heads(target_dir: Path, eagle_dir: Path, eagle3_dir: Path, *, steps: i
     gen = torch.Generator().manual_seed(seed)
     for _ in range(steps):
         batch = windows[torch.randint(0, len(windows), (16,), generator=gen)]
-        hidden, aux, probs = target_pass(target, batch)
+        hidden, aux, probs = target_pass(target, batch, aux_layer_ids)
         loss, _ = eagle_loss(heads, batch, hidden, probs, ce_weight=0.1)
         for s, logits, draft_probs, valid, _ in eagle3_unroll(heads, batch, aux, probs, steps=3):
             loss = loss + 0.8 ** s * soft_ce(logits, draft_probs, valid)
@@ -54,4 +54,4 @@ def train_heads(target_dir: Path, eagle_dir: Path, eagle3_dir: Path, *, steps: i
         loss.backward()
         optimizer.step()
     cfg = SimpleNamespace(out_dir=SimpleNamespace(eagle=eagle_dir, eagle3=eagle3_dir), export_dtype="float32")
-    export(heads, target, cfg, {})
+    export(heads, target, cfg, {}, aux_layer_ids)

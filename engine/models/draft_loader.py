@@ -99,7 +99,6 @@ def load_draft(path: str | Path, kind: str, target: LlamaForCausalLM, dtype: str
     if not is_eagle3:
         model.share_target_lm_head(target)
     model.rotary.reset(device)
-    target.aux_layer_ids = model.target_aux_layer_ids(target.config.num_hidden_layers)
     model.eval().requires_grad_(False)
     pack_for_inference(model, weight_layout, device)
     return model

@@ -173,7 +173,6 @@ class LlamaForCausalLM(nn.Module):
         self.model = LlamaModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.logits_proj = FusedLinear([self.lm_head])
-        self.aux_layer_ids: tuple[int, ...] = ()  # layers whose input an EAGLE-3 head reads
 
     def projection_shapes(self) -> dict[str, tuple[int, int]]:
         return {**layer_shapes(self.config), "lm_head": (self.config.hidden_size, self.config.vocab_size)}
@@ -185,8 +184,10 @@ class LlamaForCausalLM(nn.Module):
         tied = self.lm_head.weight is self.model.embed_tokens.weight
         self.logits_proj.pack("linear" if tied else layouts["lm_head"])
 
-    def forward(self, input_ids, positions, batch):
-        return self.model(input_ids, positions, batch, self.aux_layer_ids)
+    def forward(self, input_ids, positions, batch, aux_layer_ids: tuple[int, ...] = ()):
+        """aux_layer_ids: layers whose input is returned beside the final hidden state (an EAGLE-3
+        head's features), as the runner was told when it was built."""
+        return self.model(input_ids, positions, batch, aux_layer_ids)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [M, H] -> logits [M, V] in float32

@@ -1,68 +1,72 @@
-"""What adaptive speculation chooses between: a step count (a chain of the configured drafter; 0 = plain
-decoding), a `TreeShape` of the configured drafter, or a `DrafterCandidate`: another drafter (n-gram
-lookup, or the head with n-gram lookup) at a chain length or tree shape of its own."""
+"""Candidate: what one runtime state drafts and verifies, and what adaptive speculation chooses between.
+
+A drafter at a shape: `num_steps` draft steps, `topk` children per expanded node, `num_draft_tokens`
+nodes verified (the root, the pending bonus token, counted). A chain is the shape with topk 1 and
+num_steps + 1 nodes; 0 steps is plain decoding through the verify path. `drafter` None means the
+configured drafter; another one (`OTHER_DRAFTERS`) is the n-gram lookup or the hybrid rule, drafted by a
+drafter that holds both (see `engine/speculative/drafters/hybrid.py`).
+"""
 
 from dataclasses import dataclass
-
-from engine.speculative.tree import TreeShape
 
 # drafters a candidate may switch to; each keeps its state current on every request while another drafts
 OTHER_DRAFTERS = ("ngram", "hybrid")
 
 
 @dataclass(frozen=True)
-class DrafterCandidate:
-    drafter: str  # one of OTHER_DRAFTERS
-    shape: "int | TreeShape"  # a chain's step count (>= 1) or a tree shape
+class Candidate:
+    num_steps: int
+    topk: int = 1
+    num_draft_tokens: int | None = None  # None: a chain's, num_steps + 1
+    drafter: str | None = None  # None: the configured drafter; else one of OTHER_DRAFTERS
+
+    def __post_init__(self):
+        if self.num_draft_tokens is None:
+            object.__setattr__(self, "num_draft_tokens", self.num_steps + 1)
 
     @property
-    def num_steps(self) -> int:
-        return self.shape.num_steps if isinstance(self.shape, TreeShape) else self.shape
+    def is_chain(self) -> bool:
+        return self.topk == 1
 
     @property
-    def topk(self) -> int:
-        return self.shape.topk if isinstance(self.shape, TreeShape) else 1
+    def is_configured_chain(self) -> bool:
+        """A chain of the configured drafter: every such chain shares one acceptance model and one cost line."""
+        return self.is_chain and self.drafter is None
 
     @property
-    def num_draft_tokens(self) -> int:
-        return self.shape.num_draft_tokens if isinstance(self.shape, TreeShape) else self.shape + 1
+    def shape(self) -> "Candidate":
+        """The same shape drafted by the configured drafter."""
+        return Candidate(self.num_steps, self.topk, self.num_draft_tokens)
 
     @property
-    def label(self) -> str:
-        return f"{self.drafter}:{self.shape}"
+    def label(self) -> int | str:
+        """As metrics show it: a configured chain's step count, else `5x4/16` (a tree) or `ngram:7`."""
+        shape = str(self.num_steps) if self.is_chain else f"{self.num_steps}x{self.topk}/{self.num_draft_tokens}"
+        if self.drafter is not None:
+            return f"{self.drafter}:{shape}"
+        return self.num_steps if self.is_chain else shape
+
+    def sort_key(self) -> tuple[int, int, int, str]:
+        """Orders every candidate together: by steps, then topk, then nodes, then drafter (configured first)."""
+        return self.num_steps, self.topk, self.num_draft_tokens, self.drafter or ""
 
     def __str__(self) -> str:
-        return self.label
+        return str(self.label)
 
 
-Candidate = int | TreeShape | DrafterCandidate
+def parse_candidate(value) -> Candidate:
+    """A candidate as config writes it: a step count (a chain of the configured drafter); a tree shape
+    {num_steps, topk, num_draft_tokens}; or another drafter, {drafter, num_steps} (a chain) or
+    {drafter, num_steps, topk, num_draft_tokens} (a tree). Values are checked by config validation."""
+    if isinstance(value, Candidate):
+        return value
+    if hasattr(value, "keys"):
+        topk = int(value["topk"]) if "topk" in value else 1
+        nodes = int(value["num_draft_tokens"]) if "num_draft_tokens" in value else None
+        drafter = str(value["drafter"]) if "drafter" in value else None
+        return Candidate(int(value["num_steps"]), topk, nodes, drafter)
+    return Candidate(int(value))
 
 
-def configured_candidate(num_steps: int, topk: int = 1, num_draft_tokens: int | None = None) -> int | TreeShape:
-    """The configured drafter's candidate for a shape: its step count (a chain) or its tree shape."""
-    return num_steps if topk == 1 else TreeShape(num_steps, topk, num_draft_tokens)
-
-
-def shape_of(candidate: Candidate) -> TreeShape:
-    """The chain or tree a candidate drafts and verifies (a chain of k: k x 1 / k + 1)."""
-    if isinstance(candidate, TreeShape):
-        return candidate
-    if isinstance(candidate, DrafterCandidate):
-        return shape_of(candidate.shape)
-    return TreeShape(candidate, 1, candidate + 1)
-
-
-def drafter_of(candidate: Candidate) -> str | None:
-    """The drafter a candidate switches to; None: the configured one."""
-    return candidate.drafter if isinstance(candidate, DrafterCandidate) else None
-
-
-def candidate_sort_key(candidate: Candidate) -> tuple[int, int, int, str]:
-    """Orders every kind of candidate together: by steps, then topk, then nodes, then drafter (configured first)."""
-    shape = shape_of(candidate)
-    return shape.num_steps, shape.topk, shape.num_draft_tokens, drafter_of(candidate) or ""
-
-
-def label_of(candidate: Candidate) -> int | str:
-    """A candidate as metrics show it: the step count of a chain, else its label (`5x4/16`, `ngram:7`)."""
-    return candidate if isinstance(candidate, int) else candidate.label
+def sorted_candidates(candidates) -> list[Candidate]:
+    return sorted(set(candidates), key=Candidate.sort_key)

@@ -1,6 +1,8 @@
 """Speculative-decoding figures. tau (`mean_accept_length`) = tokens emitted per verify cycle, bonus
-included (1 <= tau <= k + 1). Per-position acceptance rate is unconditional: cycles in which draft
-position i was accepted / cycles. Draft acceptance rate = accepted drafts / proposed drafts."""
+included (1 <= tau <= k + 1). A cycle's proposed drafts are the draft positions its tree reaches (a
+chain: its drafts; a tree: its deepest node's depth), the same meaning for chains and trees.
+Per-position acceptance rate is unconditional: cycles in which draft position i was accepted / cycles.
+Draft acceptance rate = accepted drafts / proposed drafts."""
 
 from dataclasses import dataclass, field
 

@@ -1,45 +1,60 @@
-"""DraftTree: B draft trees of N nodes each, built by EAGLE-2 dynamic expansion, read by verify and commit.
+"""DraftTree: B draft trees of N nodes each, built by a drafter, read by verify and commit.
 
 Node 0 of each tree is its root, the request's pending bonus token at position L; nodes 1..N-1 are
 draft tokens, in depth order (a parent always has a lower index than its child). A node at depth d
 sits at position L + d, and in the verify forward its KV goes to column L + j of the request's row
 (j its index); attention lets each node see the committed prefix, its ancestors and itself.
 
-A chain (topk = 1) is the tree whose node j has parent j - 1; it keeps the chain fast path and never
-builds one of these.
+A chain (topk = 1) is the tree whose node j has parent j - 1 (`DraftTree.chain`): verify and commit
+take its fast path (causal attention, no mask, no tree walk, no KV move), and its parents and depths
+are made only when asked for.
 """
 
 from dataclasses import dataclass
 
 import torch
 
-
-@dataclass(frozen=True)
-class TreeShape:
-    """A tree configuration adaptive speculation may switch to: `num_steps` expansion steps of `topk`
-    children, `num_draft_tokens` nodes verified (the root counted)."""
-
-    num_steps: int
-    topk: int
-    num_draft_tokens: int
-
-    @property
-    def label(self) -> str:
-        return f"{self.num_steps}x{self.topk}/{self.num_draft_tokens}"
-
-    def __str__(self) -> str:
-        return self.label
+UNFILLED = -1  # the token of a node nothing filled (a hole in a chain, padding in a tree): never accepted
+NO_PARENT = -1  # the root's parent
 
 
 @dataclass
 class DraftTree:
     tokens: torch.Tensor  # [B, N] target token ids; column 0 the root
-    parents: torch.Tensor  # [B, N] int64 node index of each node's parent, -1 at the root
-    depths: torch.Tensor  # [B, N] int64, 0 at the root
+    _parents: torch.Tensor | None = None  # [B, N] int64 node index of each node's parent, NO_PARENT at the root
+    _depths: torch.Tensor | None = None  # [B, N] int64, 0 at the root
+    is_chain: bool = False  # node j's parent is j - 1 (parents and depths then made on demand)
+
+    @classmethod
+    def chain(cls, bonus: torch.Tensor, drafts: torch.Tensor) -> "DraftTree":
+        """bonus [B], drafts [B, w] (UNFILLED after a request's last draft) -> the chains [bonus, d_1..d_w]."""
+        return cls(torch.cat([bonus[:, None].to(drafts.device), drafts], dim=1), is_chain=True)
 
     @property
     def num_nodes(self) -> int:
         return self.tokens.shape[1]
+
+    @property
+    def parents(self) -> torch.Tensor:
+        if self._parents is None:
+            b, n = self.tokens.shape
+            self._parents = (torch.arange(n, device=self.tokens.device) - 1).expand(b, n)
+        return self._parents
+
+    @property
+    def depths(self) -> torch.Tensor:
+        if self._depths is None:
+            b, n = self.tokens.shape
+            self._depths = torch.arange(n, device=self.tokens.device).expand(b, n)
+        return self._depths
+
+    def reach(self) -> torch.Tensor:
+        """[B] the deepest filled node of each request's tree: the draft positions it proposed (a chain:
+        its drafts). Every cycle counts its drafts this way, chain or tree."""
+        filled = self.tokens >= 0
+        if self.is_chain:  # holes only follow a request's last draft
+            return filled[:, 1:].sum(dim=1)
+        return torch.where(filled, self.depths, 0).amax(dim=1)
 
     def ancestor_mask(self) -> torch.Tensor:
         """[B, N, N] bool: entry [b, j, i] is True iff node i is node j or one of its ancestors."""
@@ -86,18 +101,15 @@ def select_tree(roots: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor
     tree_parent = torch.where(cand_parent >= 0, node_of.gather(1, cand_parent.clamp(min=0)), 0)
     zero = torch.zeros(b, 1, dtype=torch.int64, device=tokens.device)
     return DraftTree(
-        tokens=torch.cat([roots[:, None], tokens.gather(1, kept)], dim=1),
-        parents=torch.cat([zero - 1, tree_parent], dim=1),
-        depths=torch.cat([zero, depths.gather(1, kept)], dim=1),
+        torch.cat([roots[:, None], tokens.gather(1, kept)], dim=1),
+        torch.cat([zero + NO_PARENT, tree_parent], dim=1),
+        torch.cat([zero, depths.gather(1, kept)], dim=1),
     )
 
 
 def max_tree_nodes(topk: int, num_steps: int) -> int:
     """Nodes EAGLE-2 expansion can propose, the root counted: topk at the first step, topk^2 at each later one."""
     return 1 + topk + (num_steps - 1) * topk * topk
-
-
-UNFILLED = -1  # the token of a tree node nothing filled: the target's choice never equals it, so never accepted
 
 
 def graft(tree: DraftTree, branches: list[list[list[int]]], num_nodes: int) -> DraftTree:
@@ -133,4 +145,4 @@ def graft(tree: DraftTree, branches: list[list[list[int]]], num_nodes: int) -> D
 def root_only(bonus: torch.Tensor) -> DraftTree:
     """bonus [B] -> trees of the root alone."""
     column = bonus[:, None]
-    return DraftTree(column.clone(), torch.full_like(column, -1), torch.zeros_like(column))
+    return DraftTree(column.clone(), torch.full_like(column, NO_PARENT), torch.zeros_like(column))

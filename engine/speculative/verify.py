@@ -1,14 +1,71 @@
-"""Verification of a drafted chain against the target, for one verify forward.
+"""Verification: one target forward over every request's draft tree, and the one accept rule.
 
-The target's token at each verified position is chosen by the `Sampler`: its argmax (greedy), or its
-keyed sample y_i = argmax_t p_i(t) / E(seed, i, t). A draft is accepted iff it equals that token, and
-the first mismatch emits the target's token there, so the emitted tokens are exactly those plain
-decoding would choose at those positions: for greedy requests the argmax, for sampled ones a draw
-from the target's filtered distribution with the same noise. This is "draw y_i from p_i, descend iff
-the draft is y_i", exact for any drafter.
+The target's token at each verified node is chosen by the `Sampler`: its argmax (greedy), or its
+keyed sample y = argmax_t p(t) / E(seed, position, t). From the root, verification descends to the
+child whose token equals the target's choice at the current node, until none does; the path's
+tokens after the root are the accepted drafts and the target's choice at the path's last node is
+emitted after them. So the emitted tokens are exactly those plain decoding would choose at those
+positions: for greedy requests the argmax, for sampled ones a draw from the target's filtered
+distribution with the same noise. This is "draw y from p, descend iff y is a child", exact for any
+drafter. A chain (the one-child tree) takes the fast path: causal attention and a prefix match.
 """
 
+from dataclasses import dataclass
+
 import torch
+
+from engine.forward_batch import ForwardBatch
+from engine.runner import ForwardOutput, ModelRunner
+from engine.sampling import Sampler, SamplingBatch
+from engine.speculative.tree import DraftTree
+
+
+@dataclass
+class Verified:
+    """The outcome of one verify forward, for B requests of N nodes each."""
+
+    prefix_lens: list[int]  # committed length L of each request before the cycle
+    emitted: list[list[int]]  # per request: the accepted drafts, then the target's token
+    path: torch.Tensor  # [B, N] int64 the accepted path's node indices from the root (a chain: 0, 1, ...)
+    on_path: torch.Tensor  # [B, N] bool: path[b, i] is a node of the path (i < len(emitted[b]))
+    keep: torch.Tensor  # [sum(len(e))] rows of `out` of the path's nodes, packed in request order
+    out: ForwardOutput  # the verify forward (hidden states of every node: the draft-extend features)
+    reach: list[int]  # per request: the draft positions it proposed (`DraftTree.reach`)
+
+
+class TargetVerifier:
+    def __init__(self, target_runner: ModelRunner, req_to_token: torch.Tensor, sampler: Sampler):
+        self.target_runner = target_runner
+        self.req_to_token = req_to_token
+        self.sampler = sampler
+
+    def verify(self, rows: list[int], prefix_lens: list[int], tree: DraftTree, sampling: SamplingBatch,
+               state) -> Verified:
+        """One target forward over `tree` ([B, N] nodes after each request's `prefix_lens`) on the
+        state's verify backend; the accepted path of each request."""
+        b, n = tree.tokens.shape
+        tokens = tree.tokens.clamp(min=0)  # the target reads some token at an unfilled node; it is never accepted
+        if tree.is_chain:
+            batch = ForwardBatch.from_tails(rows, tokens, prefix_lens, self.req_to_token)
+        else:
+            prefix = torch.tensor(prefix_lens, dtype=torch.int64, device=tokens.device)
+            batch = ForwardBatch.for_tree(rows, tokens, prefix_lens, prefix[:, None] + tree.depths,
+                                          tree.ancestor_mask(), self.req_to_token)
+        out = self.target_runner.forward(batch, logits_indices=state.verify_buffers.indices(b, n),
+                                         attn_backend=state.verify_backend)
+        offsets = None if tree.is_chain else tree.depths  # a chain's node j sits at depth j
+        target = self.sampler.sample(out.logits, sampling, width=n, offsets=offsets)  # [B, N] the target's choices
+        if tree.is_chain:
+            accept_lens = accept_lengths(tree.tokens[:, 1:].to(target.device), target)
+            path = torch.arange(n, device=target.device).expand(b, n)
+            chosen = target
+        else:
+            accept_lens, path = walk_tree(tree, target, use_kernel=target.device.type == "cuda")
+            chosen = target.gather(1, path.clamp(min=0))
+        on_path = torch.arange(n, device=target.device) < accept_lens[:, None]  # [B, N]
+        keep = (torch.arange(b, device=target.device)[:, None] * n + path)[on_path]
+        emitted = [row[:m] for row, m in zip(chosen.tolist(), accept_lens.tolist())]
+        return Verified(list(prefix_lens), emitted, path, on_path, keep, out, tree.reach().tolist())
 
 
 def accept_lengths(drafts: torch.Tensor, target_tokens: torch.Tensor) -> torch.Tensor:
@@ -20,7 +77,7 @@ def accept_lengths(drafts: torch.Tensor, target_tokens: torch.Tensor) -> torch.T
     return matches.cumprod(dim=1).sum(dim=1) + 1
 
 
-def walk_tree(tree, target_tokens: torch.Tensor, use_kernel: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def walk_tree(tree: DraftTree, target_tokens: torch.Tensor, use_kernel: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """tree: a DraftTree [B, N]; target_tokens: [B, N], the target's choice after each node.
 
     From the root, descend to the child whose token equals the target's choice at the current node

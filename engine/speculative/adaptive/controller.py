@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from engine.speculative.adaptive.tiers import Tier, tier_index
-from engine.speculative.candidate import Candidate, candidate_sort_key, label_of
+from engine.speculative.candidate import Candidate
 
 
 class AdaptiveController:
@@ -49,9 +49,9 @@ class AdaptiveController:
         self.policies[tier_index(self.tiers, batch_size)].observe(candidate, accepted_drafts, timings)
 
     def stats(self) -> dict:
-        counts = sorted(self.cycles_at_steps.items(), key=lambda item: candidate_sort_key(item[0]))
+        counts = sorted(self.cycles_at_steps.items(), key=lambda item: item[0].sort_key())
         return {
-            "adaptive_cycles_at_steps": {label_of(c): n for c, n in counts},
+            "adaptive_cycles_at_steps": {c.label: n for c, n in counts},
             "adaptive_switches": self.num_switches,
         }
 

@@ -19,8 +19,8 @@ LINE = "line"  # the family of chain step counts >= 1
 
 
 def _family(candidate):
-    """Candidates whose measurements inform each other: every chain k >= 1; anything else alone."""
-    return LINE if isinstance(candidate, int) and candidate > 0 else candidate
+    """Candidates whose measurements inform each other: every configured chain k >= 1; anything else alone."""
+    return LINE if candidate.is_configured_chain and candidate.num_steps > 0 else candidate
 
 
 class CycleCostModel:
@@ -28,7 +28,7 @@ class CycleCostModel:
         self.alpha = ema_alpha
         self._own = SettlingAverage(ema_alpha if own_alpha is None else own_alpha)  # candidates averaged on their own
         self.mean: dict[tuple, float] = {}  # (candidate, b) -> seconds per cycle
-        self.latest: dict[int, int] = {}  # b -> the chain k >= 1 measured last at b
+        self.latest: dict = {}  # b -> the chain (k >= 1) measured last at b
         self._slopes: dict[int, float | None] = {}  # b -> fitted seconds per step (cleared by new measurements)
 
     def observe(self, candidate, batch_size: int, seconds: float) -> None:
@@ -62,12 +62,12 @@ class CycleCostModel:
         if slope is None:
             return self.mean.get((candidate, b))
         ref = self.latest[b]
-        return max(self.mean[(ref, b)] + slope * (candidate - ref), 1e-9)
+        return max(self.mean[(ref, b)] + slope * (candidate.num_steps - ref.num_steps), 1e-9)
 
     def _slope(self, b: int) -> float | None:
         """Least-squares seconds per step through the averages of every k >= 1 measured at b (>= 0)."""
         if b not in self._slopes:
-            points = [(k, t) for (k, bb), t in self.mean.items() if bb == b and _family(k) == LINE]
+            points = [(c.num_steps, t) for (c, bb), t in self.mean.items() if bb == b and _family(c) == LINE]
             if len(points) < 2:
                 self._slopes[b] = None
             else:

@@ -2,15 +2,18 @@
 
 Per tier. After `warmup_batches` cycles, every `update_interval` cycles: walk down while
 ema <= prev - 0.5 + down_hysteresis (0.5 when the lower candidate is 0), else walk up while
-ema > cur - 0.5 + up_hysteresis. At 0 steps nothing is drafted, so nothing is measured: the policy
+ema > cur - 0.5 + up_hysteresis, over the tier's step counts (chains of the configured drafter). At 0 steps nothing is drafted, so nothing is measured: the policy
 probes the next candidate (with a fresh average).
 """
+
+
+from engine.speculative.candidate import Candidate
 
 
 class EmaPolicy:
     needs_timings = False
 
-    def __init__(self, candidates: tuple[int, ...], initial: int, ema_alpha: float, update_interval: int,
+    def __init__(self, candidates: tuple[Candidate, ...], initial: Candidate, ema_alpha: float, update_interval: int,
                  warmup_batches: int, down_hysteresis: float, up_hysteresis: float):
         self.candidates = candidates
         self.index = candidates.index(initial)
@@ -23,11 +26,15 @@ class EmaPolicy:
         self.cycles = 0
 
     @property
-    def choice(self) -> int:
+    def choice(self) -> Candidate:
         return self.candidates[self.index]
 
-    def observe(self, num_steps: int, accepted_drafts: list[int], timings: dict) -> None:
-        if num_steps > 0 and accepted_drafts:
+    @property
+    def _steps(self) -> int:
+        return self.choice.num_steps
+
+    def observe(self, candidate: Candidate, accepted_drafts: list[int], timings: dict) -> None:
+        if candidate.num_steps > 0 and accepted_drafts:
             x = sum(accepted_drafts) / len(accepted_drafts)
             self.ema = x if self.ema is None else self.alpha * x + (1 - self.alpha) * self.ema
         self.cycles += 1
@@ -36,11 +43,11 @@ class EmaPolicy:
             self._update()
 
     def _down_threshold(self) -> float:
-        lower = self.candidates[self.index - 1]
+        lower = self.candidates[self.index - 1].num_steps
         return 0.5 if lower == 0 else lower - 0.5 + self.down_hysteresis
 
     def _update(self) -> None:
-        if self.choice == 0:
+        if self._steps == 0:
             if self.index + 1 < len(self.candidates):
                 self.index += 1
                 self.ema = None
@@ -53,5 +60,5 @@ class EmaPolicy:
             moved_down = True
         if moved_down:
             return
-        while self.index + 1 < len(self.candidates) and self.ema > self.choice - 0.5 + self.up_hysteresis:
+        while self.index + 1 < len(self.candidates) and self.ema > self._steps - 0.5 + self.up_hysteresis:
             self.index += 1

@@ -28,7 +28,7 @@ from engine.speculative.adaptive.cycle_cost import CycleCostModel
 from engine.speculative.adaptive.settling_average import SettlingAverage
 from engine.speculative.adaptive.tiers import chains_of, others_of
 from engine.speculative.candidate import Candidate
-from engine.speculative.worker import CATCH_UP_PHASE
+from engine.speculative.phase_clock import CATCH_UP_PHASE
 
 
 PROBE_MARGIN = 0.1  # probe a candidate estimated at >= (1 - margin) x the best rate
@@ -52,8 +52,9 @@ class ThroughputPolicy:
         self.probe_interval = probe_interval
         # initial first, then outwards, the nearer step count below first: two measured step counts >= 1
         # give the cost line, which estimates the rest before they are run; the others last
-        middle = getattr(initial, "num_steps", initial)
-        self._explore = [initial] + sorted((k for k in self.chains if k != initial), key=lambda k: (abs(k - middle), k))
+        middle = initial.num_steps
+        self._explore = [initial] + sorted((c for c in self.chains if c != initial),
+                                           key=lambda c: (abs(c.num_steps - middle), c.num_steps))
         self._explore += [c for c in self.others if c != initial]
         self.index = candidates.index(initial)
         self.best = initial
@@ -70,11 +71,10 @@ class ThroughputPolicy:
         return self.candidates[self.index]
 
     def observe(self, candidate: Candidate, accepted_drafts: list[int], timings: dict) -> None:
-        if not isinstance(candidate, int):
-            if accepted_drafts:
-                self.own_accepted.add(candidate, sum(accepted_drafts) / len(accepted_drafts))
-        else:
-            self.acceptance.observe(candidate, accepted_drafts)
+        if candidate.is_configured_chain:
+            self.acceptance.observe(candidate.num_steps, accepted_drafts)
+        elif accepted_drafts:
+            self.own_accepted.add(candidate, sum(accepted_drafts) / len(accepted_drafts))
         self.batch_size = max(len(accepted_drafts), 1)
         self._last_run[candidate] = self.updates
         # catching the head up on cycles it sat out is a cost of switching, not of this candidate
@@ -89,14 +89,16 @@ class ThroughputPolicy:
 
     def estimated_rates(self) -> dict[Candidate, float | None]:
         """Tokens per request per second of every candidate at the current batch size (None: unmeasured)."""
-        expected = self.acceptance.expected_accepted(max(self.chains, default=0))  # [k]: accepted drafts at k steps
+        deepest = max((c.num_steps for c in self.chains), default=0)
+        expected = self.acceptance.expected_accepted(deepest)  # [k]: accepted drafts at k steps
         out = {}
         for c in self.candidates:
             t = self.cycle_seconds(c, self.batch_size)
-            if not isinstance(c, int):
-                accepted = self.own_accepted.get(c)
+            if c.is_configured_chain:
+                k = c.num_steps
+                accepted = expected[k] if k == 0 or expected is not None else None
             else:
-                accepted = expected[c] if c == 0 or expected is not None else None
+                accepted = self.own_accepted.get(c)
             out[c] = (1.0 + accepted) / t if accepted is not None and t is not None and t > 0 else None
         return out
 
@@ -127,7 +129,7 @@ class ThroughputPolicy:
 
     def _probe_order(self, rates: dict) -> list[Candidate]:
         """The candidates a probe may take, in turn: chain neighbours of the best, then the others."""
-        if not isinstance(self.best, int):
+        if not self.best.is_configured_chain:
             chains = [c for c in self.chains if rates[c] is not None]
             neighbours = [max(chains, key=rates.get)] if chains else list(self.chains[:1])
         else:

@@ -1,21 +1,19 @@
 """Batch-size tiers: each tier lists the candidates adaptive speculation may choose at that size.
 
-A candidate (`engine/speculative/candidate.py`) is a step count (a chain of that many drafts; 0 =
-plain decoding), a `TreeShape`, or a `DrafterCandidate` (another drafter at a shape of its own).
-A batch is padded up to the first tier whose batch_size is at least its size (the last tier takes
+A candidate (`engine/speculative/candidate.py`) is a drafter at a chain length or tree shape; config
+lists a chain of the configured drafter by its step count (0 = plain decoding). A batch is padded up to the first tier whose batch_size is at least its size (the last tier takes
 anything larger).
 """
 
 from dataclasses import dataclass
 
-from engine.speculative.candidate import Candidate, DrafterCandidate, candidate_sort_key
-from engine.speculative.tree import TreeShape
+from engine.speculative.candidate import Candidate, parse_candidate
 
 
 @dataclass(frozen=True)
 class Tier:
     batch_size: int
-    candidates: tuple[Candidate, ...]  # step counts ascending, then tree shapes and other drafters; distinct
+    candidates: tuple[Candidate, ...]  # configured chains by step count ascending, then trees and other drafters; distinct
     initial: Candidate  # the candidate this tier starts at
 
     @classmethod
@@ -23,26 +21,14 @@ class Tier:
         return cls(int(batch_size), tuple(parse_candidate(c) for c in candidates), parse_candidate(initial))
 
 
-def parse_candidate(value) -> Candidate:
-    """A step count; a tree shape given as a mapping {num_steps, topk, num_draft_tokens}; or another
-    drafter, {drafter, num_steps} (a chain) or {drafter, num_steps, topk, num_draft_tokens} (a tree)."""
-    if isinstance(value, (TreeShape, DrafterCandidate)):
-        return value
-    if isinstance(value, dict) or hasattr(value, "keys"):
-        steps = int(value["num_steps"])
-        shape = TreeShape(steps, int(value["topk"]), int(value["num_draft_tokens"])) if "topk" in value else steps
-        return DrafterCandidate(str(value["drafter"]), shape) if "drafter" in value else shape
-    return int(value)
-
-
-def chains_of(candidates) -> tuple[int, ...]:
+def chains_of(candidates) -> tuple[Candidate, ...]:
     """The configured drafter's chains: their acceptance is one model over draft positions."""
-    return tuple(c for c in candidates if isinstance(c, int))
+    return tuple(c for c in candidates if c.is_configured_chain)
 
 
 def others_of(candidates) -> tuple[Candidate, ...]:
     """Tree shapes and other drafters: each one's acceptance and cost are measured on their own."""
-    return tuple(c for c in candidates if not isinstance(c, int))
+    return tuple(c for c in candidates if not c.is_configured_chain)
 
 
 def tier_index(tiers: list[Tier], batch_size: int) -> int:
@@ -68,6 +54,3 @@ def build_tiers(tiers: list[dict], configured: Candidate) -> list[Tier]:
         built.append(Tier.from_config(tier["batch_size"], candidates, initial))
     return built
 
-
-def sorted_candidates(candidates) -> list[Candidate]:
-    return sorted(set(candidates), key=candidate_sort_key)

@@ -5,7 +5,7 @@ A chain proposes the best continuation, up to `num_steps` tokens, and a request 
 proposes none; the batch's chains are as wide as its longest proposal (a batch where none matches
 verifies the bonus alone: a plain decoding step). A tree (topk > 1) merges the `topk` best distinct
 continuations into one trie of at most `num_draft_tokens - 1` nodes under the root. Places no
-continuation fills hold the token -1, which the target's choice never equals: never accepted.
+continuation fills hold UNFILLED, which the target's choice never equals: never accepted.
 """
 
 import time
@@ -15,13 +15,13 @@ import torch
 from engine.request import Request
 from engine.runner import ForwardOutput
 from engine.sampling import SamplingBatch
-from engine.speculative.ngram_index import NgramIndex
+from engine.speculative.drafters.ngram_index import NgramIndex
 from engine.speculative.tree import UNFILLED, DraftTree, graft, root_only
+from engine.speculative.verify import Verified
 
 
 class NgramDrafter:
-    """`num_steps` (the longest proposal) is bound from a `SpecRuntimeState`; the draft backends it is
-    bound alongside stay None (there is no draft model)."""
+    head = None  # no draft model
 
     def __init__(self, min_match: int, max_match: int, max_branches: int, device: torch.device):
         self.min_match, self.max_match, self.max_branches = min_match, max_match, max_branches
@@ -29,35 +29,29 @@ class NgramDrafter:
         self.indexes: dict[int, NgramIndex] = {}  # request-table row -> its tokens' index
         self.lookup_seconds = 0.0  # host time spent in lookups and index updates, over `lookup_steps` steps
         self.lookup_steps = 0
-        self.num_steps = 0
-        self.draft_decode_backend = None
-        self.draft_extend_backend = None
 
     def start(self, requests: list[Request], out: ForwardOutput, first: list[int]) -> None:
         for request, token in zip(requests, first):
             self.indexes[request.row] = NgramIndex(request.all_ids + [token], self.min_match, self.max_match,
                                                    self.max_branches)
 
-    def prepare(self, requests: list[Request]) -> None:
+    def prepare(self, requests: list[Request], state) -> None:
         """Nothing is held back: the index sees every verified token as it comes."""
 
-    def propose(self, requests: list[Request], sampling: SamplingBatch) -> torch.Tensor:
-        """[B, w] drafts, w the longest proposal (<= num_steps), shorter ones padded with -1."""
-        branches = self.branches(requests, 1)
-        chains = [b[0] if b else [] for b in branches]
+    def propose(self, requests: list[Request], sampling: SamplingBatch, bonus: torch.Tensor, state) -> DraftTree:
+        candidate = state.candidate
+        if not candidate.is_chain:  # each request's continuations merged into a trie under its root, best first
+            return graft(root_only(bonus), self.branches(requests, candidate.topk, candidate.num_steps),
+                         candidate.num_draft_tokens)
+        chains = [b[0] if b else [] for b in self.branches(requests, 1, candidate.num_steps)]
         width = max(map(len, chains))
-        drafts = [c + [UNFILLED] * (width - len(c)) for c in chains]
-        return torch.tensor(drafts, dtype=torch.int64).view(len(chains), width).to(self.device)
+        drafts = [c + [UNFILLED] * (width - len(c)) for c in chains]  # [B, w], w the longest proposal
+        return DraftTree.chain(bonus, torch.tensor(drafts, dtype=torch.int64).view(len(chains), width).to(self.device))
 
-    def propose_tree(self, requests: list[Request], sampling: SamplingBatch, bonus: torch.Tensor, topk: int,
-                     num_nodes: int) -> DraftTree:
-        """Each request's continuations merged into a trie under its root, best branch first."""
-        return graft(root_only(bonus), self.branches(requests, topk), num_nodes)
-
-    def branches(self, requests: list[Request], count: int) -> list[list[list[int]]]:
-        """Up to `count` distinct continuations of at most `num_steps` tokens per request, best first."""
+    def branches(self, requests: list[Request], count: int, max_tokens: int) -> list[list[list[int]]]:
+        """Up to `count` distinct continuations of at most `max_tokens` tokens per request, best first."""
         start = time.perf_counter()
-        found = [self._branches(r, self.num_steps, count) for r in requests]
+        found = [self.indexes[r.row].propose(max_tokens)[:count] if max_tokens > 0 else [] for r in requests]
         self.lookup_seconds += time.perf_counter() - start
         self.lookup_steps += 1
         return found
@@ -66,13 +60,8 @@ class NgramDrafter:
         """Per request, the length of the longest suffix that occurred before (0: none)."""
         return [max((n for n, _ in self.indexes[r.row].matches(1)), default=0) for r in requests]
 
-    def after_verify(self, requests: list[Request], prefix_lens: list[int], emitted: list[list[int]],
-                     out: ForwardOutput, keep: torch.Tensor) -> None:
+    def after_verify(self, requests: list[Request], verified: Verified, state) -> None:
         start = time.perf_counter()
-        for request, tokens in zip(requests, emitted):
+        for request, tokens in zip(requests, verified.emitted):
             self.indexes[request.row].extend(tokens)
         self.lookup_seconds += time.perf_counter() - start
-
-    def _branches(self, request: Request, max_tokens: int, count: int) -> list[list[int]]:
-        index = self.indexes[request.row]
-        return index.propose(max_tokens)[:count] if max_tokens > 0 else []

@@ -7,7 +7,7 @@ Chains and trees start from the same state: a tree's root is that row.
 import torch
 
 
-class ChainBuffers:
+class DraftStateBuffers:
     def __init__(self, max_requests: int, hidden_size: int, vocab_size: int, dtype: torch.dtype, device: torch.device):
         self.hidden = torch.zeros(max_requests, hidden_size, dtype=dtype, device=device)  # [R, H]
         self.logits = torch.zeros(max_requests, vocab_size, dtype=torch.float32, device=device)  # [R, V]

@@ -1,0 +1,76 @@
+"""EagleDrafter: an EAGLE / EAGLE-3 head drafts chains and EAGLE-2 trees (`speculative=eagle|eagle3`).
+
+After the target's prefill the head runs draft-extend over each prompt shifted by one (token t_{j+1}
+with the target's feature f_j), so it can propose the token after the first sampled one. Each cycle it
+drafts from its last output, and after verify it runs draft-extend over the accepted path. At 0 steps
+(plain decoding through the verify path) that draft-extend is held (`DeferredExtend`) and caught up
+in one forward before the head next drafts.
+"""
+
+import torch
+
+from engine.request import Request
+from engine.runner import ForwardOutput
+from engine.sampling import SamplingBatch
+from engine.speculative.drafters.deferred_extend import DeferredExtend
+from engine.speculative.drafters.head import DraftHead
+from engine.speculative.tree import DraftTree
+from engine.speculative.verify import Verified
+
+
+class EagleDrafter:
+    def __init__(self, head: DraftHead):
+        self.head = head
+        self.deferred = DeferredExtend()
+
+    def start(self, requests: list[Request], out: ForwardOutput, first: list[int]) -> None:
+        rows = [r.row for r in requests]
+        features = self.head.target_features(out.hidden, out.aux_hidden)
+        shifted = [r.all_ids[1:] + [t] for r, t in zip(requests, first)]
+        self.deferred.drop(rows)
+        self.head.extend(rows, [0] * len(requests), shifted, features)
+
+    def prepare(self, requests: list[Request], state) -> None:
+        """Back from cycles the head sat out: catch up now, so the worker times it apart (a cost of
+        switching back, not of the cycle's candidate)."""
+        rows = [r.row for r in requests]
+        if state.candidate.num_steps > 0 and self.deferred.sat_out(rows):
+            self.catch_up(rows)
+
+    def propose(self, requests: list[Request], sampling: SamplingBatch, bonus: torch.Tensor, state) -> DraftTree:
+        candidate = state.candidate
+        if candidate.num_steps == 0:
+            return DraftTree.chain(bonus, torch.zeros(len(requests), 0, dtype=torch.int64, device=bonus.device))
+        rows, seq_lens = [r.row for r in requests], [r.num_computed for r in requests]
+        self.catch_up(rows)
+        if candidate.is_chain:
+            drafts = self.head.chain(rows, seq_lens, sampling, candidate.num_steps, state.draft_decode_backend)
+            return DraftTree.chain(bonus, drafts)
+        return self.head.tree(rows, seq_lens, sampling, bonus, candidate, state.draft_decode_backend)
+
+    def after_verify(self, requests: list[Request], verified: Verified, state) -> None:
+        if state.candidate.num_steps > 0:
+            self.extend_verified(requests, verified)
+        else:
+            self.hold(requests, verified, sat_out=True)
+
+    def catch_up(self, rows: list[int]) -> None:
+        """One draft-extend over the work held for these rows brings the draft KV up to date."""
+        held = self.deferred.take(rows)
+        if held is not None:
+            self.head.extend(*held)
+
+    def extend_verified(self, requests: list[Request], verified: Verified) -> None:
+        """Draft-extend over the accepted path: request i's emitted tokens from its prefix length, each with
+        the target feature of the verify node it was chosen at."""
+        self.head.extend([r.row for r in requests], verified.prefix_lens, verified.emitted, self._features(verified))
+
+    def hold(self, requests: list[Request], verified: Verified, sat_out: bool) -> None:
+        """Hold that draft-extend until the head next drafts (sat_out: the head sat the cycle out, rather
+        than a rule of the drafter's skipping it)."""
+        self.deferred.hold([r.row for r in requests], verified.prefix_lens, verified.emitted, self._features(verified),
+                           sat_out=sat_out)
+
+    def _features(self, verified: Verified) -> torch.Tensor:
+        out, keep = verified.out, verified.keep
+        return self.head.target_features(out.hidden[keep], [a[keep] for a in out.aux_hidden])

@@ -1,0 +1,94 @@
+"""HybridDrafter: an EAGLE / EAGLE-3 head and n-gram lookup in one drafter (`speculative=hybrid`).
+
+It holds an `EagleDrafter` and an `NgramDrafter` and drafts in one of three modes, the candidate's
+drafter (`state.candidate.drafter`) or, for the configured drafter's candidates, `configured_mode`:
+- "hybrid": the n-gram continuations (prompt lookup over each request's own tokens) are scored by
+  the length of the suffix they matched. When every request of the batch matched at least
+  `ngram_trust` tokens (text that repeats), they are the whole proposal and the head does not run
+  that cycle; its draft-extend is held and caught up in one forward before it next drafts. Otherwise
+  the head drafts: with topk = 1 its chain; with topk > 1 its EAGLE-2 tree, with the `topk` n-gram
+  continuations grafted onto it under the same `num_draft_tokens` budget (the head's tree gets what
+  the branches leave, at least the root and one node; branches share nodes where they agree).
+- "ngram": n-gram lookup alone (the head sits out, its draft-extend held as above).
+- "head": the head alone (the configured EAGLE / EAGLE-3 drafter, when adaptive tiers list other
+  drafters beside its own candidates).
+In every mode both keep their state current: the index sees every verified token, and the head
+catches up before it next drafts, so either can take over at any cycle.
+"""
+
+import torch
+
+from engine.request import Request
+from engine.runner import ForwardOutput
+from engine.sampling import SamplingBatch
+from engine.speculative.candidate import Candidate
+from engine.speculative.drafters.eagle import EagleDrafter
+from engine.speculative.drafters.ngram import NgramDrafter
+from engine.speculative.tree import DraftTree, graft, max_tree_nodes, root_only
+from engine.speculative.verify import Verified
+
+MODES = ("head", "ngram", "hybrid")
+
+
+class HybridDrafter:
+    def __init__(self, eagle: EagleDrafter, lookup: NgramDrafter, ngram_trust: int, configured_mode: str = "hybrid"):
+        if configured_mode not in MODES:
+            raise ValueError(f"hybrid drafter mode must be one of {MODES}, got {configured_mode!r}")
+        self.eagle = eagle
+        self.lookup = lookup
+        self.ngram_trust = ngram_trust
+        self.configured_mode = configured_mode  # the mode of the configured drafter's candidates
+        self._head_ran = True  # whether the last proposal ran the head
+
+    @property
+    def head(self):
+        return self.eagle.head
+
+    def mode(self, candidate: Candidate) -> str:
+        return candidate.drafter or self.configured_mode
+
+    def start(self, requests: list[Request], out: ForwardOutput, first: list[int]) -> None:
+        self.eagle.start(requests, out, first)
+        self.lookup.start(requests, out, first)
+
+    def prepare(self, requests: list[Request], state) -> None:
+        if self.mode(state.candidate) != "ngram":
+            self.eagle.prepare(requests, state)
+
+    def propose(self, requests: list[Request], sampling: SamplingBatch, bonus: torch.Tensor, state) -> DraftTree:
+        candidate = state.candidate
+        mode = self.mode(candidate)
+        self._head_ran = self._head_drafts(requests, candidate, mode)
+        if mode == "head" or (candidate.is_chain and self._head_ran):
+            return self.eagle.propose(requests, sampling, bonus, state)
+        if candidate.is_chain:  # every request's match is trusted (always in mode "ngram")
+            return self.lookup.propose(requests, sampling, bonus, state)
+        branches = self.lookup.branches(requests, candidate.topk, candidate.num_steps)  # per request, best first
+        grafted = [len({tuple(p[:d]) for p in b for d in range(1, len(p) + 1)}) for b in branches]  # trie nodes
+        num_nodes = candidate.num_draft_tokens
+        if not self._head_ran:
+            return graft(root_only(bonus), branches, min(num_nodes, 1 + max(grafted)))
+        rows = [r.row for r in requests]
+        self.eagle.catch_up(rows)  # the head sat out earlier cycles: bring its KV up to date first
+        head_nodes = max(2, min(max_tree_nodes(candidate.topk, candidate.num_steps), num_nodes - max(grafted)))
+        shape = Candidate(candidate.num_steps, candidate.topk, head_nodes)
+        tree = self.head.tree(rows, [r.num_computed for r in requests], sampling, bonus, shape,
+                              state.draft_decode_backend)
+        return graft(tree, branches, min(num_nodes, head_nodes + max(grafted)))
+
+    def after_verify(self, requests: list[Request], verified: Verified, state) -> None:
+        self.lookup.after_verify(requests, verified, state)
+        if self._head_ran:
+            self.eagle.extend_verified(requests, verified)
+        else:
+            # the head sat out (0 steps, or n-gram lookup alone), or the hybrid rule skipped it this cycle
+            sat_out = state.candidate.num_steps == 0 or self.mode(state.candidate) == "ngram"
+            self.eagle.hold(requests, verified, sat_out=sat_out)
+
+    def _head_drafts(self, requests: list[Request], candidate: Candidate, mode: str) -> bool:
+        if candidate.num_steps == 0 or mode == "ngram":
+            return False
+        return mode == "head" or not self._trusted(requests)
+
+    def _trusted(self, requests: list[Request]) -> bool:
+        return all(n >= self.ngram_trust for n in self.lookup.longest_matches(requests))

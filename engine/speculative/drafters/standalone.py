@@ -1,0 +1,62 @@
+"""StandaloneDrafter: a small causal LM with the target's tokenizer drafts (`speculative=standalone`).
+
+It runs the head's chain and EAGLE-2 tree loops on the LM (through `StandaloneDraftModel`), with its
+own paged KV pool addressed through the shared request-to-token table. Where an EAGLE head pairs each
+token with the target's feature one position back, the LM reads tokens only: the pending bonus token
+at L is fed to the LM itself, and its drafts sit one position later.
+
+What the LM's KV holds is tracked per request (`computed`: positions holding the request's own
+tokens). Before drafting, one catch-up forward feeds everything from there through the bonus (the
+whole prompt after admission; after a verify, the tokens the LM had not seen). After verify the
+KV is rolled back to the accepted prefix: positions past it are simply overwritten later.
+"""
+
+import torch
+
+from engine.request import Request
+from engine.runner import ForwardOutput
+from engine.sampling import SamplingBatch
+from engine.speculative.drafters.head import DraftHead
+from engine.speculative.tree import DraftTree
+from engine.speculative.verify import Verified
+
+
+class StandaloneDrafter:
+    def __init__(self, head: DraftHead):
+        self.head = head
+        self.computed: dict[int, int] = {}  # request-table row -> positions of its draft KV that are current
+
+    def start(self, requests: list[Request], out: ForwardOutput, first: list[int]) -> None:
+        for request in requests:  # the first catch-up prefills the LM
+            self.computed[request.row] = 0
+
+    def prepare(self, requests: list[Request], state) -> None:
+        """Nothing is held: the catch-up forward is part of drafting (it also yields the first proposal)."""
+
+    def propose(self, requests: list[Request], sampling: SamplingBatch, bonus: torch.Tensor, state) -> DraftTree:
+        candidate = state.candidate
+        if candidate.num_steps == 0:
+            return DraftTree.chain(bonus, torch.zeros(len(requests), 0, dtype=torch.int64, device=bonus.device))
+        rows, after_bonus = self._catch_up(requests)
+        if not candidate.is_chain:  # the tree's nodes go to columns past L: not positions
+            return self.head.tree(rows, after_bonus, sampling, bonus, candidate, state.draft_decode_backend)
+        # feeds the bonus's k - 1 successors at L+1..L+k-1
+        drafts = self.head.chain(rows, after_bonus, sampling, candidate.num_steps, state.draft_decode_backend)
+        for request in requests:
+            self.computed[request.row] = request.num_computed + candidate.num_steps
+        return DraftTree.chain(bonus, drafts)
+
+    def after_verify(self, requests: list[Request], verified: Verified, state) -> None:
+        for request, start, tokens in zip(requests, verified.prefix_lens, verified.emitted):  # roll back to the accepted prefix
+            self.computed[request.row] = min(self.computed[request.row], start + len(tokens))
+
+    def _catch_up(self, requests: list[Request]) -> tuple[list[int], list[int]]:
+        """Feed each request's tokens from its current draft KV through its bonus (position L); keep the
+        LM's output at the bonus for the first proposal. Returns (rows, L + 1 per request)."""
+        rows = [r.row for r in requests]
+        starts = [self.computed[r] for r in rows]
+        self.head.extend(rows, starts, [r.all_ids[s:] for r, s in zip(requests, starts)])
+        after_bonus = [r.num_computed + 1 for r in requests]
+        for row, position in zip(rows, after_bonus):
+            self.computed[row] = position
+        return rows, after_bonus
