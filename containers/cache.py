@@ -19,8 +19,8 @@ class CacheContainer(containers.DeclarativeContainer):
     max_context_len = Singleton(factories.max_context_len, config.max_context_len, target_model)
     allocator = Singleton(PageAllocator, num_pages)
     req_to_token = Singleton(
-        ReqToTokenTable, max_requests=config.max_running_requests,
-        max_context_len=providers.Callable(factories.table_width, max_context_len, lookahead_tokens), device=device,
+        ReqToTokenTable, max_requests=config.max_running_requests, max_context_len=max_context_len,
+        lookahead_tokens=lookahead_tokens, device=device,
     )
     manager = Singleton(KVCacheManager, allocator, req_to_token, config.page_size)
     target_pool = Singleton(factories.kv_pool_for, target_model, num_pages, config.page_size, device)

@@ -27,7 +27,8 @@ class Scheduler:
         self.num_preemptions = 0
 
     def kv_tokens_for(self, request: Request) -> int:
-        """KV positions of the request's longest possible sequence."""
+        """KV positions of the request's longest possible sequence (at most the context limit) and of
+        the lookahead its last step may write past it."""
         longest = min(len(request.prompt_ids) + request.params.max_new_tokens, self.kv.max_context_len)
         return longest + self.lookahead_tokens
 
@@ -46,6 +47,7 @@ class Scheduler:
         prompt_len = len(request.prompt_ids)
         if prompt_len == 0:
             return "empty prompt: it encodes to no tokens"
+        # the context limit, the same with or without speculation (its lookahead is table width only)
         if prompt_len >= self.kv.max_context_len:
             return (f"prompt of {prompt_len} tokens does not fit the context: it must be shorter than "
                     f"cache.max_context_len = {self.kv.max_context_len}")

@@ -22,6 +22,7 @@ class KVCacheManager:
 
     @property
     def max_context_len(self) -> int:
+        """The longest sequence a request may reach (speculation's lookahead not included)."""
         return self.table.max_context_len
 
     @property
@@ -33,7 +34,8 @@ class KVCacheManager:
         return self.allocator.num_pages - self.allocator.num_free_pages
 
     def pages_for(self, num_tokens: int) -> int:
-        return math.ceil(min(num_tokens, self.table.max_context_len) / self.page_size)
+        """Pages for positions 0..num_tokens-1, at most the table's width (context plus lookahead)."""
+        return math.ceil(min(num_tokens, self.table.width) / self.page_size)
 
     def can_admit(self, num_tokens: int) -> bool:
         return self.table.num_free_rows > 0 and self.allocator.can_allocate(self.pages_for(num_tokens))
@@ -58,7 +60,7 @@ class KVCacheManager:
         owned.extend(pages)
         page_ids = torch.tensor(pages, dtype=torch.int64)
         slots = (page_ids[:, None] * self.page_size + torch.arange(self.page_size)[None, :]).flatten()
-        n = min(slots.numel(), self.table.max_context_len - first)
+        n = min(slots.numel(), self.table.width - first)
         self.table.table[row, first:first + n] = slots[:n].to(self.table.table.device)
         return True
 
