@@ -176,7 +176,7 @@ def make_runners(args, pool: list[list[int]], tmp: str) -> tuple[dict, list]:
 def lookup_cost(runner) -> tuple[float, int] | None:
     """(seconds, steps) an eyas runner's n-gram drafter has spent so far; None without one."""
     drafter = getattr(getattr(getattr(runner, "engine", None), "worker", None), "drafter", None)
-    ngram = getattr(drafter, "ngram", drafter)
+    ngram = getattr(drafter, "lookup", drafter)  # the hybrid holds its n-gram drafter as `lookup`
     return (ngram.lookup_seconds, ngram.lookup_steps) if hasattr(ngram, "lookup_seconds") else None
 
 

@@ -164,12 +164,12 @@ def speculative(args, prompts, params, k, topk=1, nodes=None):
                  f"speculative.topk={topk}", f"speculative.num_draft_tokens={nodes}", *args.override]
     with build_engine(overrides) as eng, GemmRecorder() as gemms:
         timer = PhaseTimer(gemms)
-        worker, draft = eng.worker, eng.worker.drafter
+        worker, head = eng.worker, eng.worker.drafter.head
         timer.wrap(worker, "prefill", "prefill", set_phase="prefill")
         timer.wrap(worker.target_runner, "forward", "verify")
-        timer.wrap(draft, "draft" if topk == 1 else "draft_tree", "draft")
-        timer.wrap(draft, "forward_draft_extend", "extend")
-        timer.wrap(draft.draft_runner, "forward", "draft_forward")
+        timer.wrap(head, "chain" if topk == 1 else "tree", "draft")
+        timer.wrap(head, "extend", "extend")
+        timer.wrap(head.runner, "forward", "draft_forward")
         run(eng, prompts[:2], params, args.batch_size)
         timer.total.clear(), timer.count.clear(), gemms.clear()
         base = eng.metrics()

@@ -9,20 +9,19 @@ from hypothesis import strategies as st
 from conftest import spec_overrides
 from containers.adaptive import build_adaptive_runtime_state, build_candidate_states, speculative_scope
 from containers.build import build_container
-from containers.compose import compose_config
+from launch.compose import compose_config
 from engine.attention.torch_native import TorchNativeBackend
 from engine.speculative.backend_factory import DraftBackendFactory
 from engine.speculative.bindings import binding_names, snapshot_bindings
-from engine.speculative.candidate import DrafterCandidate, drafter_of, shape_of
-from engine.speculative.hybrid_drafter import HybridDrafter
+from engine.speculative.candidate import Candidate
+from engine.speculative.drafters.hybrid import HybridDrafter
 from engine.speculative.state import SpecRuntimeState
-from engine.speculative.tree import TreeShape
 from engine.speculative.verify_buffers import VerifyBuffers
 
-CANDIDATES = [0, 1, 2, 3, 5]
-TREES = [TreeShape(3, 2, 6), TreeShape(2, 4, 8), TreeShape(5, 4, 16)]
-OTHERS = [DrafterCandidate("ngram", 4), DrafterCandidate("ngram", TreeShape(3, 2, 6)), DrafterCandidate("hybrid", 2),
-          DrafterCandidate("hybrid", TreeShape(2, 2, 8))]
+CANDIDATES = [Candidate(k) for k in (0, 1, 2, 3, 5)]
+TREES = [Candidate(3, 2, 6), Candidate(2, 4, 8), Candidate(5, 4, 16)]
+OTHERS = [Candidate(4, drafter="ngram"), Candidate(3, 2, 6, drafter="ngram"), Candidate(2, drafter="hybrid"),
+          Candidate(2, 2, 8, drafter="hybrid")]
 OTHER_TIERS = ("adaptive.tiers=[{batch_size:8,candidates:[0,1,2,3,5,{drafter:ngram,num_steps:4},"
                "{drafter:ngram,num_steps:3,topk:2,num_draft_tokens:6},{drafter:hybrid,num_steps:2},"
                "{drafter:hybrid,num_steps:2,topk:2,num_draft_tokens:8}]}]")
@@ -61,20 +60,15 @@ def same(a: dict, b: dict) -> bool:
 def no_extend_state(worker) -> SpecRuntimeState:
     f = DraftBackendFactory({"torch_native": TorchNativeBackend, "none": NoExtendBackend}, 16, 2, "prefill",
                             "torch_native", "torch_native", draft_attention_backend="none")
-    return SpecRuntimeState.create(2, f, TorchNativeBackend(16), VerifyBuffers(4, 2, "cpu"))
+    return SpecRuntimeState.create(Candidate(2), f, TorchNativeBackend(16), VerifyBuffers(4, 3, "cpu"))
 
 
 def assert_consistent(worker):
     """Every live binding is the active state's (a None draft-extend backend keeps the live one)."""
-    state, draft = worker.state, worker.drafter
-    assert worker.num_steps == draft.num_steps == state.num_steps
-    assert draft.draft_decode_backend is state.draft_decode_backend
-    assert worker.verify_backend is state.verify_backend and worker.verify_buffers is state.verify_buffers
-    assert draft.draft_runner.attn_backend is draft.draft_extend_backend
+    state, head = worker.state, worker.drafter.head
+    assert head.runner.attn_backend is head.draft_extend_backend
     if state.draft_extend_backend is not None:
-        assert draft.draft_extend_backend is state.draft_extend_backend
-    if hasattr(draft, "configured_mode"):
-        assert draft.mode == (state.drafter or draft.configured_mode)
+        assert head.draft_extend_backend is state.draft_extend_backend
 
 
 def test_building_every_candidate_leaves_the_live_bindings_alone(container):
@@ -82,42 +76,41 @@ def test_building_every_candidate_leaves_the_live_bindings_alone(container):
     before = snapshot_bindings(worker)
     states = build_candidate_states(container, CANDIDATES)
     assert same(snapshot_bindings(worker), before)
-    assert worker.drafter.draft_runner.attn_backend is before["draft.draft_runner.attn_backend"]
-    assert states[3] is worker.state
-    for k, state in states.items():
-        assert state.num_steps == k and state.num_draft_tokens == k + 1 and state.verify_buffers.num_steps == k
+    assert worker.drafter.head.runner.attn_backend is before["drafter.head.runner.attn_backend"]
+    assert states[Candidate(3)] is worker.state
+    for candidate, state in states.items():
+        k = candidate.num_steps
+        assert state.candidate == candidate == Candidate(k, 1, k + 1) and state.verify_buffers.num_draft_tokens == k + 1
         assert (state.draft_decode_backend is None) == (k <= 1)
         if k > 1:
             assert state.draft_decode_backend.num_steps == k - 1
-    others = [s for k, s in states.items() if k != 3]
+    others = [s for c, s in states.items() if c != Candidate(3)]
     assert len({id(s.draft_extend_backend) for s in others}) == len(others)  # each candidate its own
-    assert container.speculative.num_steps() == 3 and not container.speculative.num_steps.overridden
+    assert container.speculative.candidate() == Candidate(3) and not container.speculative.candidate.overridden
 
 
 def test_tree_candidates_are_built_with_their_shape_and_leave_the_live_bindings_alone(container):
     worker = container.spec_worker()
     before = snapshot_bindings(worker)
-    states = build_candidate_states(container, [1, 3, *TREES])
-    assert same(snapshot_bindings(worker), before) and states[3] is worker.state
+    states = build_candidate_states(container, [Candidate(1), Candidate(3), *TREES])
+    assert same(snapshot_bindings(worker), before) and states[Candidate(3)] is worker.state
     for tree in TREES:
         state = states[tree]
-        assert state.candidate == tree and (state.num_steps, state.topk, state.num_draft_tokens) == (
-            tree.num_steps, tree.topk, tree.num_draft_tokens)
+        assert state.candidate == tree and state.verify_buffers.num_draft_tokens == tree.num_draft_tokens
         assert state.draft_decode_backend.num_steps == tree.num_steps - 1
     spec = container.speculative
-    assert (spec.num_steps(), spec.topk(), spec.num_draft_tokens()) == (3, 1, 4)
-    assert not (spec.num_steps.overridden or spec.topk.overridden or spec.num_draft_tokens.overridden)
+    assert spec.candidate() == Candidate(3, 1, 4) and not spec.candidate.overridden
 
 
 def test_apply_runtime_state_sets_the_runner_backend(container):
     worker = container.spec_worker()
     live = worker.state
-    state = build_adaptive_runtime_state(container, 5)
+    state = build_adaptive_runtime_state(container, Candidate(5))
     assert worker.apply_runtime_state(state)
-    assert worker.drafter.draft_runner.attn_backend is state.draft_extend_backend
+    assert worker.drafter.head.runner.attn_backend is state.draft_extend_backend
     assert_consistent(worker)
     worker.apply_runtime_state(live)
-    assert worker.drafter.draft_runner.attn_backend is live.draft_extend_backend
+    assert worker.drafter.head.runner.attn_backend is live.draft_extend_backend
 
 
 def test_an_exception_inside_the_scope_restores_everything(container):
@@ -125,36 +118,40 @@ def test_an_exception_inside_the_scope_restores_everything(container):
     before = snapshot_bindings(worker)
     assert not container.acceptance_model.built
     with pytest.raises(Injected):
-        with speculative_scope(container, 5):
-            assert container.speculative.num_steps() == 5
+        with speculative_scope(container, Candidate(5)):
+            assert container.speculative.candidate() == Candidate(5)
             worker.apply_runtime_state(container.speculative.runtime_state())  # a builder that binds the live worker
             container.acceptance_model()
-            assert worker.drafter.draft_runner.attn_backend is not before["draft.draft_runner.attn_backend"]
+            assert worker.drafter.head.runner.attn_backend is not before["drafter.head.runner.attn_backend"]
             raise Injected
     assert same(snapshot_bindings(worker), before)
-    assert container.speculative.num_steps() == 3 and not container.speculative.num_steps.overridden
+    assert container.speculative.candidate() == Candidate(3) and not container.speculative.candidate.overridden
     assert not container.acceptance_model.built
 
 
 def test_nested_scopes_restore_in_either_order(container):
     worker = container.spec_worker()
-    num_steps = container.speculative.num_steps
+    candidate = container.speculative.candidate
+
+    def num_steps():
+        return candidate().num_steps
+
     before = snapshot_bindings(worker)
-    with speculative_scope(container, 1):
+    with speculative_scope(container, Candidate(1)):
         worker.apply_runtime_state(container.speculative.runtime_state())
         middle = snapshot_bindings(worker)
-        with speculative_scope(container, 5):
+        with speculative_scope(container, Candidate(5)):
             assert num_steps() == 5
             worker.apply_runtime_state(container.speculative.runtime_state())
         assert num_steps() == 1 and same(snapshot_bindings(worker), middle)
     assert num_steps() == 3 and same(snapshot_bindings(worker), before)
 
-    outer, inner = speculative_scope(container, 1), speculative_scope(container, 5)
+    outer, inner = speculative_scope(container, Candidate(1)), speculative_scope(container, Candidate(5))
     outer.__enter__()
     inner.__enter__()
     worker.apply_runtime_state(container.speculative.runtime_state())
     outer.__exit__(None, None, None)  # leaves the inner scope too
-    assert num_steps() == 3 and not num_steps.overridden and same(snapshot_bindings(worker), before)
+    assert num_steps() == 3 and not candidate.overridden and same(snapshot_bindings(worker), before)
     inner.__exit__(None, None, None)  # already left: nothing to do
     assert num_steps() == 3 and same(snapshot_bindings(worker), before)
 
@@ -162,11 +159,11 @@ def test_nested_scopes_restore_in_either_order(container):
 def test_scope_pops_to_its_own_depth_not_the_top(container):
     """An override pushed by someone else inside the scope goes too (dependency-injector's own
     `with provider.override()` would pop only the top entry)."""
-    num_steps = container.speculative.num_steps
-    with speculative_scope(container, 5):
-        num_steps.override(7)
-        assert len(num_steps.overridden) == 2
-    assert not num_steps.overridden and num_steps() == 3
+    candidate = container.speculative.candidate
+    with speculative_scope(container, Candidate(5)):
+        candidate.override(Candidate(7))
+        assert len(candidate.overridden) == 2
+    assert not candidate.overridden and candidate() == Candidate(3)
 
 
 # -- property: random build / apply / nested scopes / exceptions ------------------------------------
@@ -186,9 +183,8 @@ op = st.one_of(
 def test_random_sequences_keep_bindings_equal_to_the_active_state(other_drafters_container, ops):
     container = other_drafters_container
     worker = container.spec_worker()
-    assert isinstance(worker.drafter, HybridDrafter) and worker.drafter.mode == "head"
-    num_steps = container.speculative.num_steps
-    configured = num_steps()
+    assert isinstance(worker.drafter, HybridDrafter) and worker.drafter.configured_mode == "head"
+    configured = container.speculative.candidate()
     pool = [worker.state, no_extend_state(worker)]
     model = snapshot_bindings(worker)  # what the live bindings must be
     built = container.acceptance_model.built
@@ -196,12 +192,9 @@ def test_random_sequences_keep_bindings_equal_to_the_active_state(other_drafters
 
     def expect_apply(state):
         extend = state.draft_extend_backend
-        model.update({"state": state, "num_steps": state.num_steps, "draft.num_steps": state.num_steps,
-                      "draft.draft_decode_backend": state.draft_decode_backend,
-                      "verify_backend": state.verify_backend, "verify_buffers": state.verify_buffers,
-                      "draft.mode": state.drafter or "head"})
+        model["state"] = state
         if extend is not None:
-            model["draft.draft_extend_backend"] = model["draft.draft_runner.attn_backend"] = extend
+            model["drafter.head.draft_extend_backend"] = model["drafter.head.runner.attn_backend"] = extend
 
     try:
         for o in ops:
@@ -216,7 +209,7 @@ def test_random_sequences_keep_bindings_equal_to_the_active_state(other_drafters
                         if fault in ("raise", "rogue_raise"):
                             raise Injected
                     assert state.candidate == k
-                    if drafter_of(k) == "ngram":  # no draft model runs: no draft backends
+                    if k.drafter == "ngram":  # no draft model runs: no draft backends
                         assert state.draft_decode_backend is None and state.draft_extend_backend is None
                     pool.append(state)
                 except Injected:
@@ -242,10 +235,8 @@ def test_random_sequences_keep_bindings_equal_to_the_active_state(other_drafters
             assert same(snapshot_bindings(worker), {name: model[name] for name in binding_names(worker)})
             assert_consistent(worker)
             spec = container.speculative
-            assert (num_steps(), spec.topk(), spec.num_draft_tokens()) == (
-                tuple(vars(shape_of(scopes[-1][1])).values()) if scopes else (configured, 1, configured + 1))
-            assert spec.drafter_choice() == (drafter_of(scopes[-1][1]) if scopes else None)
-            assert len(num_steps.overridden) == len(spec.topk.overridden) == len(spec.drafter_choice.overridden) == len(scopes)
+            assert spec.candidate() == (scopes[-1][1] if scopes else configured)
+            assert len(spec.candidate.overridden) == len(scopes)
             assert container.acceptance_model.built == built
     finally:
         for scope, *_ in reversed(scopes):

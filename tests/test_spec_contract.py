@@ -1,5 +1,5 @@
-"""The backend-binding contract: draft-extend runs on the draft-extend backend, read through
-`draft_runner.attn_backend`; each draft decode step on its own backend; nothing else rebinds them."""
+"""The backend-binding contract: draft-extend runs on the draft-extend backend, read through the head
+runner's `attn_backend`; each draft decode step on its own backend; nothing else rebinds them."""
 
 import pytest
 
@@ -8,6 +8,7 @@ from engine import ConfigError, SamplingParams, build_engine
 from engine.attention.torch_native import TorchNativeBackend
 from engine.speculative import bindings
 from engine.speculative.backend_factory import DraftBackendFactory
+from engine.speculative.candidate import Candidate
 from engine.speculative.state import SpecRuntimeState
 from engine.speculative.verify_buffers import VerifyBuffers
 
@@ -67,34 +68,35 @@ def eagle_engine(spec_pair):
 
 
 def test_draft_extend_backend_is_bound_to_the_runner(eagle_engine):
-    draft = eagle_engine.worker.drafter
-    assert draft.draft_extend_backend is not None
-    assert draft.draft_runner.attn_backend is draft.draft_extend_backend
-    assert draft.draft_runner.attn_backend not in draft.draft_decode_backend.backends
+    worker = eagle_engine.worker
+    head = worker.drafter.head
+    assert head.draft_extend_backend is worker.state.draft_extend_backend is not None
+    assert head.runner.attn_backend is head.draft_extend_backend
+    assert head.runner.attn_backend not in worker.state.draft_decode_backend.backends
 
 
 def state_from(f: DraftBackendFactory, num_steps=3) -> SpecRuntimeState:
-    return SpecRuntimeState.create(num_steps, f, TorchNativeBackend(16), VerifyBuffers(4, num_steps, "cpu"))
+    return SpecRuntimeState.create(Candidate(num_steps), f, TorchNativeBackend(16), VerifyBuffers(4, num_steps + 1, "cpu"))
 
 
 def test_runner_keeps_its_backend_when_there_is_no_draft_extend_backend(eagle_engine):
     worker = eagle_engine.worker
-    draft = worker.drafter
-    own, own_extend = draft.draft_runner.attn_backend, draft.draft_extend_backend
+    head = worker.drafter.head
+    own, own_extend = head.runner.attn_backend, head.draft_extend_backend
     state = state_from(factory(draft_backend="decode_only"))
     assert state.draft_extend_backend is None
     assert worker.apply_runtime_state(state)
-    assert draft.draft_runner.attn_backend is own and draft.draft_extend_backend is own_extend
-    assert draft.draft_decode_backend is state.draft_decode_backend
+    assert head.runner.attn_backend is own and head.draft_extend_backend is own_extend
+    assert worker.state is state
 
 
 def test_apply_runtime_state_rebinds_the_runner_and_is_a_no_op_when_unchanged(eagle_engine):
     worker = eagle_engine.worker
     state = state_from(factory(num_steps=2), num_steps=2)
     assert worker.apply_runtime_state(state)
-    draft = worker.drafter
-    assert draft.draft_runner.attn_backend is state.draft_extend_backend
-    assert (worker.num_steps, draft.num_steps, worker.verify_backend) == (2, 2, state.verify_backend)
+    head = worker.drafter.head
+    assert head.runner.attn_backend is head.draft_extend_backend is state.draft_extend_backend
+    assert worker.state is state and worker.state.candidate == Candidate(2)
     before = bindings.snapshot_bindings(worker)
     assert not worker.apply_runtime_state(state)
     assert all(before[name] is value for name, value in bindings.snapshot_bindings(worker).items())
@@ -103,46 +105,46 @@ def test_apply_runtime_state_rebinds_the_runner_and_is_a_no_op_when_unchanged(ea
 def record_phases(engine, classes):
     """Rebind the draft worker's backends to recording ones; run; return who ran what."""
     worker = engine.worker
-    draft = worker.drafter
-    f = DraftBackendFactory(classes, draft.model.config.head_dim, worker.num_steps, "prefill",
+    live = worker.state
+    f = DraftBackendFactory(classes, worker.drafter.head.model.config.head_dim, live.candidate.num_steps, "prefill",
                             "torch_native", "torch_native")
-    worker.apply_runtime_state(SpecRuntimeState.create(worker.num_steps, f, worker.verify_backend, worker.verify_buffers))
+    worker.apply_runtime_state(SpecRuntimeState.create(live.candidate, f, live.verify_backend, live.verify_buffers))
     RecordingBackend.log = []
     engine.generate(prompt_token_ids=[[0, 5, 9, 14, 3], [0, 7]], sampling=SamplingParams(max_new_tokens=12, ignore_eos=True))
-    return draft, list(RecordingBackend.log)
+    return worker.drafter.head, worker.state, list(RecordingBackend.log)
 
 
 def test_each_phase_runs_on_its_backend(eagle_engine):
-    draft, log = record_phases(eagle_engine, {"torch_native": RecordingBackend})
-    extend_runs = [lens for backend, lens in log if backend is draft.draft_extend_backend]
-    step_backends = draft.draft_decode_backend.backends
+    head, state, log = record_phases(eagle_engine, {"torch_native": RecordingBackend})
+    extend_runs = [lens for backend, lens in log if backend is head.draft_extend_backend]
+    step_backends = state.draft_decode_backend.backends
     assert extend_runs[0] == (5, 2)  # draft-extend over each prompt after prefill
     assert len(extend_runs) > 1 and all(max(lens) >= 1 for lens in extend_runs[1:])  # after every verify
     for i, backend in enumerate(step_backends):  # draft step i: one token per request, on its own backend
         runs = [lens for b, lens in log if b is backend]
         assert runs and all(lens == (1, 1) or lens == (1,) for lens in runs)
-    assert {id(b) for b, _ in log} <= {id(draft.draft_extend_backend), *map(id, step_backends)}
+    assert {id(b) for b, _ in log} <= {id(head.draft_extend_backend), *map(id, step_backends)}
 
 
 def test_a_lost_binding_is_caught(eagle_engine, monkeypatch):
-    """The upstream regression: the assignment to draft_runner.attn_backend dropped. Draft-extend then
-    runs on the runner's own backend, which the recording shows."""
+    """The upstream regression: the assignment to the head runner's attn_backend dropped. Draft-extend
+    then runs on the runner's own backend, which the recording shows."""
 
     real_assign = bindings._assign
 
     def lossy_assign(worker, values):
-        real_assign(worker, {name: v for name, v in values.items() if name != "draft.draft_runner.attn_backend"})
+        real_assign(worker, {name: v for name, v in values.items() if name != "drafter.head.runner.attn_backend"})
 
     monkeypatch.setattr(bindings, "_assign", lossy_assign)
-    draft, log = record_phases(eagle_engine, {"torch_native": RecordingBackend})
-    assert draft.draft_runner.attn_backend is not draft.draft_extend_backend
-    assert not any(backend is draft.draft_extend_backend for backend, _ in log)
+    head, _, log = record_phases(eagle_engine, {"torch_native": RecordingBackend})
+    assert head.runner.attn_backend is not head.draft_extend_backend
+    assert not any(backend is head.draft_extend_backend for backend, _ in log)
 
 
 def test_bindings_snapshot_names_every_binding(eagle_engine):
     snap = bindings.snapshot_bindings(eagle_engine.worker)
-    assert set(snap) == set(bindings.BINDINGS) - {"draft.mode"}  # the EAGLE drafter drafts one way only
-    assert snap["draft.draft_runner.attn_backend"] is snap["draft.draft_extend_backend"]
+    assert set(snap) == set(bindings.BINDINGS)
+    assert snap["drafter.head.runner.attn_backend"] is snap["drafter.head.draft_extend_backend"]
 
 
 def test_num_draft_tokens_must_match_num_steps_with_topk_1(spec_pair):

@@ -6,8 +6,10 @@ import pytest
 import torch
 
 from conftest import PLAIN, plain_token_ids, spec_overrides
-from engine.sampling import SamplingBatch
 from engine import SamplingParams, build_engine
+from engine.sampling import SamplingBatch
+from engine.speculative.candidate import Candidate
+from engine.speculative.tree import DraftTree
 
 PROMPTS = ["def add(a, b):", "import os", "class Point:\n    def __init__(self, x, y):", "for", "x = [1, 2, 3]"]
 PARAMS = SamplingParams(max_new_tokens=28, ignore_eos=True)
@@ -52,7 +54,9 @@ def test_zero_steps_is_plain_decoding_through_the_same_worker(spec_pair, plain_o
 @pytest.mark.parametrize("pair", ["fixture", "shipped"])
 def test_a_tree_of_one_child_per_node_is_the_chain(spec_pair, kind, temperature, pair):
     """EAGLE-2 expansion with topk = 1 keeps every node: the tree is the chain the chain path drafts
-    (the shipped pair's head reads its context, so a draft step that missed an ancestor shows)."""
+    (the shipped pair's head reads its context, so a draft step that missed an ancestor shows), and
+    verifying that chain on the fast path (causal, prefix match) accepts what the general tree path
+    (tree mask, tree walk) accepts."""
     target, heads = spec_pair
     overrides = spec_overrides(target, heads[kind], kind, 4)
     if pair == "shipped":
@@ -66,11 +70,16 @@ def test_a_tree_of_one_child_per_node_is_the_chain(spec_pair, kind, temperature,
         rows, lens = [r.row for r in running], [r.num_computed for r in running]
         sampling = SamplingBatch.of_requests(running, torch.device("cpu"))
         bonus = torch.tensor([r.output_ids[-1] for r in running])
-        chain = eng.worker.drafter.draft(rows, lens, sampling)
-        tree = eng.worker.drafter.draft_tree(rows, lens, sampling, bonus, topk=1, num_nodes=5)
+        head, state = eng.worker.drafter.head, eng.worker.state
+        chain = head.chain(rows, lens, sampling, 4, state.draft_decode_backend)
+        tree = head.tree(rows, lens, sampling, bonus, Candidate(4, 1, 5), state.draft_decode_backend)
+        fast = eng.worker.verifier.verify(rows, lens, DraftTree.chain(bonus, chain), sampling, state)
+        general = eng.worker.verifier.verify(rows, lens, tree, sampling, state)
         eng.abort(requests)
     assert torch.equal(tree.tokens[:, 1:], chain) and torch.equal(tree.tokens[:, 0], bonus)
-    assert tree.parents.tolist() == [[-1, 0, 1, 2, 3]] * len(running)
+    assert tree.parents.tolist() == [[-1, 0, 1, 2, 3]] * len(running) and not tree.is_chain
+    assert fast.emitted == general.emitted and torch.equal(fast.keep, general.keep)
+    assert fast.reach == general.reach == [4] * len(running)
 
 
 def test_stop_inside_accepted_tokens_ends_the_request_there(spec_pair, plain_outputs):
@@ -125,5 +134,5 @@ def test_prefill_fills_the_draft_kv_of_exactly_the_prompt_positions(spec_pair, k
         (req,) = eng.scheduler.schedule()
         eng.worker.prefill([req])
         slots = eng.worker.req_to_token[req.row, :len(request.prompt_ids) + 2]
-        written = eng.worker.drafter.draft_runner.kv_pool.k[0][slots].abs().sum(dim=(1, 2)) > 0
+        written = eng.worker.drafter.head.runner.kv_pool.k[0][slots].abs().sum(dim=(1, 2)) > 0
     assert written.tolist() == [True] * len(request.prompt_ids) + [False, False]

@@ -9,6 +9,7 @@ import torch
 
 from conftest import PLAIN, plain_token_ids, spec_overrides
 from engine import ConfigError, SamplingParams, build_engine
+from engine.speculative.candidate import Candidate
 from engine.speculative.tree import DraftTree, ancestor_mask, max_tree_nodes, select_tree
 from engine.speculative.verify import walk_tree
 
@@ -37,7 +38,7 @@ def test_trees_are_lossless_at_batch_16(spec_pair, plain, kind, topk, steps, nod
     target, heads = spec_pair
     with build_engine(tree_overrides(target, heads[kind], kind, topk, steps, nodes)) as eng:
         outs = eng.generate(PROMPTS, PARAMS)
-        assert eng.worker.state.topk == topk and eng.worker.state.num_draft_tokens == nodes
+        assert eng.worker.state.candidate == Candidate(steps, topk, nodes)
         assert eng.metrics()["mean_accept_length"] > 1.3
         assert eng.scheduler.kv.all_free()
     assert [o.token_ids for o in outs] == plain
@@ -159,7 +160,7 @@ def test_tree_config_errors_name_the_field_and_range(override, message):
 
 
 def test_a_configured_tree_with_adaptive_starts_there_only_when_the_first_tier_lists_it():
-    from containers.compose import compose_config
+    from launch.compose import compose_config
 
     tree = ["speculative.topk=4", "speculative.num_steps=2", "speculative.num_draft_tokens=8"]
     config = compose_config(tree)  # the default, adaptive=auto, runs a configured tree as it is
@@ -211,9 +212,9 @@ def test_every_tree_node_is_among_the_top_children_of_its_parent_drafted_along_i
         running = list(eng.scheduler.running)
         rows, lens = [r.row for r in running], [r.num_computed for r in running]
         bonus = torch.tensor([r.output_ids[-1] for r in running])
-        worker = eng.worker.drafter
-        tree = worker.draft_tree(rows, lens, SamplingBatch.of_requests(running, torch.device("cpu")), bonus,
-                                 topk=topk, num_nodes=40)
+        head, state = eng.worker.drafter.head, eng.worker.state
+        tree = head.tree(rows, lens, SamplingBatch.of_requests(running, torch.device("cpu")), bonus,
+                         Candidate(state.candidate.num_steps, topk, 40), state.draft_decode_backend)
         checked = 0
         for b, (row, start) in enumerate(zip(rows, lens)):
             tokens, parents = tree.tokens[b].tolist(), tree.parents[b].tolist()
@@ -226,13 +227,13 @@ def test_every_tree_node_is_among_the_top_children_of_its_parent_drafted_along_i
                 while i > 0:
                     path.append(tokens[i])
                     i = parents[i]
-                hidden, logits = worker.buffers.load(torch.tensor([row]))
+                hidden, logits = head.buffers.load(torch.tensor([row]))
                 for depth, token in enumerate(reversed(path)):  # the chain's draft steps, tokens forced
                     batch = ForwardBatch.from_tails([row], [[token]], [start + depth], eng.worker.req_to_token)
-                    out = worker.draft_runner.forward(batch, features=hidden)
+                    out = head.runner.forward(batch, features=hidden)
                     hidden, logits = out.hidden, out.logits
                 # siblings share their parent's score: the kept ones are its best len(kids) children
-                best = set(worker.model.draft_to_target(logits[0].topk(len(kids)).indices).tolist())
+                best = set(head.model.draft_to_target(logits[0].topk(len(kids)).indices).tolist())
                 assert set(kids) == best, (node, kids, best)
                 checked += len(kids)
         eng.abort(requests)

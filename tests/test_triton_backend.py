@@ -172,10 +172,10 @@ def test_plain_greedy_equals_torch_native(gqa_checkpoint, native_plain):
 def test_speculative_greedy_equals_torch_native_plain(spec_pair, native_bigram, kind, num_steps):
     target, heads = spec_pair
     with build_engine(spec_overrides(target, heads[kind], kind, num_steps, "attention=triton")) as eng:
-        draft = eng.worker.drafter
-        assert type(draft.draft_runner.attn_backend) is TritonBackend
+        head = eng.worker.drafter.head
+        assert type(head.runner.attn_backend) is TritonBackend
         assert type(eng.worker.verify_backend) is TritonBackend
-        assert all(type(b) is TritonBackend for b in draft.draft_decode_backend.backends)
+        assert all(type(b) is TritonBackend for b in eng.worker.state.draft_decode_backend.backends)
         outs = eng.generate(PROMPTS, PARAMS)
         assert eng.metrics()["mean_accept_length"] >= 1.0
     assert [o.token_ids for o in outs] == native_bigram
@@ -185,7 +185,7 @@ def test_triton_draft_backend_under_a_torch_native_target(spec_pair, native_bigr
     target, heads = spec_pair
     overrides = spec_overrides(target, heads["eagle"], "eagle", 3, "speculative.draft_attention_backend=triton")
     with build_engine(overrides) as eng:
-        assert type(eng.worker.drafter.draft_runner.attn_backend) is TritonBackend
+        assert type(eng.worker.drafter.head.runner.attn_backend) is TritonBackend
         assert type(eng.worker.verify_backend) is TorchNativeBackend
         outs = [o.token_ids for o in eng.generate(PROMPTS, PARAMS)]
     assert outs == native_bigram
