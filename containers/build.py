@@ -1,14 +1,28 @@
-"""Public entry: config (overrides or a composed dict) -> container -> Engine."""
+"""Public entry: config (overrides or a composed dict) -> container -> Engine.
 
-from containers.compose import compose_config
+A config becomes a container once: `engine.config.prepare` resolves and validates it, here for
+`build_container` and `build_engine`, and in the command lines (`launch/cli.py`, `launch/serve_cli.py`),
+which show its notices and hand the resolved config to `container_of`.
+"""
+
+from dependency_injector.containers import DeclarativeContainer
+
 from containers.engine_container import EngineContainer
-from containers.validation import validate_config
+from engine.config import prepare
+from launch.compose import compose_config
+
+
+def container_of(resolved: dict, kind: type[DeclarativeContainer] = EngineContainer):
+    """A container of `kind` over a config `prepare` returned."""
+    container = kind()
+    container.config.from_dict(resolved)
+    return container
 
 
 def build_container(config: dict) -> EngineContainer:
-    container = EngineContainer()
-    container.config.from_dict(validate_config(config))
-    return container
+    """A composed plain config (resolved already or not) -> the engine's container."""
+    resolved, _ = prepare(config)
+    return container_of(resolved)
 
 
 def build_engine(overrides: list[str] | tuple[str, ...] = (), config: dict | None = None):

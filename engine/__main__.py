@@ -1,6 +1,6 @@
-"""`python -m engine`: the Hydra command line (composition lives in `containers.cli`)."""
+"""`python -m engine`: the Hydra command line (it lives in `launch.cli`)."""
 
-from containers.cli import main
+from launch.cli import main
 
 if __name__ == "__main__":
     main()

@@ -14,11 +14,12 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from rich.console import Console
 
-from containers.build import build_container
-from containers.compose import config_dir, register_resolvers, to_plain
-from containers.schema import register_schemas
+from containers.build import container_of
+from engine.config import prepare
 from engine.errors import ConfigError, EyasError
 from engine.sampling_params import SamplingParams
+from launch.compose import config_dir, register_resolvers, to_plain
+from launch.schema import register_schemas
 
 
 def read_prompts(config: dict) -> list[str]:
@@ -56,11 +57,13 @@ def summary_line(metrics: dict) -> str:
 
 
 def run(config: dict, output_dir: str | Path | None = None, console: Console | None = None) -> dict:
-    """Generate for the configured prompts; print completions and a summary; write outputs.json."""
+    """Generate for the configured prompts (of a composed config, resolved here); print its notices,
+    the completions and a summary; write outputs.json (with the resolved config)."""
     console = console or Console()
+    config, notices = prepare(config)
     prompts = read_prompts(config)
-    container = build_container(config)
-    for notice in config.get("notices", []):
+    container = container_of(config)
+    for notice in notices:
         console.print(notice, markup=False, highlight=False, soft_wrap=True)
     with container.engine() as engine:
         outputs = engine.generate(prompts, SamplingParams(**config["sampling"]))

@@ -1,4 +1,7 @@
-"""Hydra -> plain dict: compose `conf/` with overrides exactly as the CLI does, then validate."""
+"""Hydra -> plain dict: compose `conf/` with overrides exactly as the CLI does.
+
+The result is as composed; `engine.config.prepare` resolves and validates it where it is built.
+"""
 
 from pathlib import Path
 
@@ -9,10 +12,9 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 import engine
-from containers.schema import register_schemas
-from containers.validation import validate_config
 from engine.assets import asset_path
 from engine.errors import ConfigError
+from launch.schema import register_schemas
 
 
 def config_dir() -> str:
@@ -38,13 +40,13 @@ def register_resolvers() -> None:
 
 
 def to_plain(cfg: DictConfig) -> dict:
-    """A composed DictConfig -> validated plain dict (enums as strings, no `hydra` node)."""
+    """A composed DictConfig -> plain dict (enums as strings, no `hydra` node)."""
     try:
         config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True, throw_on_missing=True)
     except OmegaConfBaseException as e:
         raise ConfigError(f"invalid configuration: {e}") from e
     config.pop("hydra", None)
-    return validate_config(config)
+    return config
 
 
 def compose_config(overrides: list[str] | tuple[str, ...] = (), config_name: str = "config") -> dict:

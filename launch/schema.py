@@ -1,7 +1,7 @@
 """Structured schemas for the Hydra config tree: unknown keys and wrong types fail at composition.
 
 Enum fields list their allowed values in Hydra's own error message. Cross-field rules live in
-`containers.validation`.
+`engine.config`.
 """
 
 from dataclasses import dataclass, field

@@ -12,24 +12,22 @@ import hydra
 from omegaconf import DictConfig
 from rich.console import Console
 
-from containers.compose import config_dir, register_resolvers, to_plain
-from containers.schema import register_schemas
+from containers.build import container_of
 from containers.server_container import ServerContainer
+from engine.config import prepare
 from engine.errors import EyasError
-
-
-def build_server(config: dict) -> ServerContainer:
-    container = ServerContainer()
-    container.config.from_dict(config)
-    return container
+from launch.compose import config_dir, register_resolvers, to_plain
+from launch.schema import register_schemas
 
 
 def serve(config: dict, console: Console | None = None) -> None:
+    """Serve a composed config (resolved here; its notices printed) until interrupted."""
     import uvicorn  # the [serve] extra
 
     console = console or Console(stderr=True)
-    container = build_server(config)
-    for notice in config.get("notices", []):
+    config, notices = prepare(config)
+    container = container_of(config, ServerContainer)
+    for notice in notices:
         console.print(notice, markup=False, highlight=False, soft_wrap=True)
     app, loop = container.app(), container.loop()
     settings = config["server"]

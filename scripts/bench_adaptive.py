@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from heldout import heldout_prompts  # noqa: E402
 
-from containers.compose import compose_config  # noqa: E402
+from launch.compose import compose_config  # noqa: E402
 from engine import SamplingParams, build_engine  # noqa: E402
 from engine.report.figures import pyplot, save  # noqa: E402
 from engine.speculative.adaptive.tiers import build_tiers, tier_index  # noqa: E402

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from containers.cli import quote_free_text, run
-from containers.compose import compose_config
+from launch.cli import quote_free_text, run
+from launch.compose import compose_config
 from engine import ConfigError
 from conftest import PLAIN
 

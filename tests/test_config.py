@@ -1,12 +1,16 @@
-"""Every option of every config group composes and builds; invalid values fail at start, naming the field."""
+"""Every option of every config group composes and builds; invalid values fail at start, naming the field;
+resolving and validating change nothing they are given."""
 
+import copy
 from pathlib import Path
 
 import pytest
 
 from containers.build import build_container
-from containers.compose import compose_config, config_dir
 from engine import ConfigError, build_engine
+from engine.config import prepare, resolve, validate
+from engine.speculative.candidate import parse_candidate
+from launch.compose import compose_config, config_dir
 from conftest import PLAIN
 
 GROUPS = ["model", "draft", "speculative", "attention", "adaptive", "sampling", "cache", "experiment"]
@@ -35,27 +39,29 @@ def overrides_for(group: str, option: str, checkpoint) -> list[str]:
 
 @pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in options(g)])
 def test_every_option_composes_and_builds(gqa_checkpoint, group, option):
-    config = compose_config(overrides_for(group, option, gqa_checkpoint))
-    container = build_container(config)
+    container = build_container(compose_config(overrides_for(group, option, gqa_checkpoint)))
+    config = container.config()  # resolved
     engine = container.engine()
     assert engine.scheduler.kv.allocator.num_pages == config["cache"]["max_total_tokens"] // config["cache"]["page_size"]
     runner = getattr(engine.worker, "target_runner", None) or engine.worker.runner
     assert type(runner.attn_backend).name == config["attention"]["backend"]
     if config["draft"]["kind"] != "none":
-        assert engine.worker.drafter.model.kind == config["draft"]["kind"]
+        assert container.speculative.draft_model().kind == config["draft"]["kind"]
     elif config["speculative"]["algorithm"] == "ngram":  # no draft model: the target captures no features
         assert type(engine.worker.drafter).__name__ == "NgramDrafter"
     if config["adaptive"]["policy"] != "off":
         tiers = config["adaptive"]["tiers"]
-        assert set(engine.worker.candidate_states) == {c for t in tiers for c in t["candidates"]}
-        assert engine.scheduler.lookahead_tokens == max(c for t in tiers for c in t["candidates"]) + 1
+        candidates = {parse_candidate(c) for t in tiers for c in t["candidates"]}
+        assert {parse_candidate(c) for c in engine.worker.candidate_states} == candidates
+        assert engine.scheduler.lookahead_tokens == max(c.num_steps for c in candidates) + 1
 
 
 def test_default_config_runs_eagle3_on_the_shipped_pair():
     config = compose_config([])
     assert config["speculative"]["algorithm"] == config["draft"]["kind"] == "eagle3"
-    engine = build_container(config).engine()
-    assert engine.worker.drafter.model.kind == "eagle3"
+    container = build_container(config)
+    engine = container.engine()
+    assert container.speculative.draft_model().kind == "eagle3"
     assert engine.worker.target_runner.model.config.num_hidden_layers >= 8
 
 
@@ -101,7 +107,7 @@ INVALID = [
 @pytest.mark.parametrize("overrides,field", INVALID, ids=[" ".join(o) for o, _ in INVALID])
 def test_invalid_values_fail_naming_the_field(gqa_checkpoint, overrides, field):
     with pytest.raises(ConfigError) as info:
-        compose_config([*PLAIN, f"model.path={gqa_checkpoint}", *overrides])
+        prepare(compose_config([*PLAIN, f"model.path={gqa_checkpoint}", *overrides]))
     assert field in str(info.value)
 
 
@@ -165,17 +171,42 @@ ADAPTIVE_INVALID = [
 @pytest.mark.parametrize("overrides,message", ADAPTIVE_INVALID, ids=[" ".join(o) for o, _ in ADAPTIVE_INVALID])
 def test_invalid_adaptive_values_fail_naming_the_field(gqa_checkpoint, overrides, message):
     with pytest.raises(ConfigError) as info:
-        compose_config(overrides)
+        prepare(compose_config(overrides))
     assert message in str(info.value)
 
 
 def test_initial_steps_not_a_candidate_start_at_the_middle_and_say_so():
-    config = compose_config(["adaptive=ema", "speculative.num_steps=4"])
+    config, notices = prepare(compose_config(["adaptive=ema", "speculative.num_steps=4"]))
     assert (config["speculative"]["num_steps"], config["speculative"]["num_draft_tokens"]) == (5, 6)
-    assert "speculative.num_steps=4 is not a candidate" in config["notices"][0]
-    config = compose_config(["adaptive=ema", "speculative.num_steps=3"])
-    assert config["speculative"]["num_steps"] == 3 and config["notices"] == []
-    assert compose_config(["adaptive=off", "speculative.num_steps=4"])["notices"] == []  # adaptive off: any step count
+    assert "speculative.num_steps=4 is not a candidate" in notices[0] and "notices" not in config
+    config, notices = prepare(compose_config(["adaptive=ema", "speculative.num_steps=3"]))
+    assert config["speculative"]["num_steps"] == 3 and notices == []
+    assert prepare(compose_config(["adaptive=off", "speculative.num_steps=4"]))[1] == []  # adaptive off: any step count
+
+
+RESOLVING = [
+    [],  # adaptive auto -> throughput, num_draft_tokens filled
+    PLAIN,  # auto -> off
+    ["adaptive=ema", "speculative.num_steps=4"],  # starts at the first tier's middle candidate
+    ["speculative.topk=4", "speculative.num_steps=2"],  # a tree: auto -> off, its default node count
+    ["adaptive=throughput", "speculative.topk=4", "speculative.num_steps=2", "speculative.num_draft_tokens=8"],
+    ["adaptive=throughput", "speculative=hybrid", "draft=eagle3", "speculative.num_steps=3",  # starts at ngram:4
+     "adaptive.tiers=[{batch_size:4,candidates:[{drafter:ngram,num_steps:4},{num_steps:2,topk:2,num_draft_tokens:5}]}]"],
+]
+
+
+@pytest.mark.parametrize("overrides", RESOLVING, ids=[" ".join(o) or "default" for o in RESOLVING])
+def test_resolve_is_idempotent_and_neither_step_changes_its_input(overrides):
+    composed = compose_config(overrides)
+    given = copy.deepcopy(composed)
+    resolved, notices = resolve(composed)
+    assert composed == given  # resolving returns a copy
+    assert resolved["speculative"]["num_draft_tokens"] is not None and resolved["adaptive"]["policy"] != "auto"
+    assert resolve(resolved) == (resolved, [])  # a resolved config resolves to itself, with no notices
+    checked = copy.deepcopy(resolved)
+    validate(resolved)
+    assert resolved == checked
+    assert prepare(composed) == (resolved, notices)
 
 
 def test_enum_errors_list_allowed_values(gqa_checkpoint):

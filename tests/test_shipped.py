@@ -5,8 +5,8 @@ import json
 import pytest
 from rich.console import Console
 
-from containers.cli import run
-from containers.compose import compose_config
+from launch.cli import run
+from launch.compose import compose_config
 from engine import SamplingParams, build_engine
 from engine.assets import asset_path, heldout_files
 

@@ -160,18 +160,19 @@ def test_tree_config_errors_name_the_field_and_range(override, message):
 
 
 def test_a_configured_tree_with_adaptive_starts_there_only_when_the_first_tier_lists_it():
+    from engine.config import prepare
     from launch.compose import compose_config
 
     tree = ["speculative.topk=4", "speculative.num_steps=2", "speculative.num_draft_tokens=8"]
-    config = compose_config(tree)  # the default, adaptive=auto, runs a configured tree as it is
-    assert config["adaptive"]["policy"] == "off" and config["speculative"]["topk"] == 4 and config["notices"] == []
-    config = compose_config(["adaptive=throughput", *tree])  # the shipped tiers list step counts only
-    assert config["notices"] == ["adaptive: the tree 2x4/8 is not a candidate of the first tier "
+    config, notices = prepare(compose_config(tree))  # the default, adaptive=auto, runs a configured tree as it is
+    assert config["adaptive"]["policy"] == "off" and config["speculative"]["topk"] == 4 and notices == []
+    config, notices = prepare(compose_config(["adaptive=throughput", *tree]))  # the shipped tiers list step counts only
+    assert notices == ["adaptive: the tree 2x4/8 is not a candidate of the first tier "
                                  "['1', '2', '3', '4', '5', '6', '7']; starting at its middle candidate, 4"]
     assert [config["speculative"][key] for key in ("num_steps", "topk", "num_draft_tokens")] == [4, 1, 5]
     listed = "adaptive.tiers=[{batch_size:4,candidates:[1,3,{num_steps:2,topk:4,num_draft_tokens:8}]}]"
-    config = compose_config(["adaptive=throughput", *tree, listed])
-    assert config["notices"] == [] and config["speculative"]["topk"] == 4
+    config, notices = prepare(compose_config(["adaptive=throughput", *tree, listed]))
+    assert notices == [] and config["speculative"]["topk"] == 4
 
 
 def test_max_tree_nodes():

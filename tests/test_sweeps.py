@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from containers.best_overrides import best_overrides_line
-from containers.compose import compose_config
 from engine import ConfigError
+from engine.config import prepare
+from launch.best_overrides import best_overrides_line
+from launch.compose import compose_config
 from engine.report import collect_runs, swept_keys, write_report
 from conftest import PLAIN
 from test_cli import run_cli
@@ -52,15 +53,15 @@ def test_prompt_null_with_a_prompts_file(gqa_checkpoint, tmp_path):
 
 def test_speculative_objectives_need_speculation():
     with pytest.raises(ConfigError, match="objective 'mean_accept_length' needs speculative decoding"):
-        compose_config([*PLAIN, "objective=mean_accept_length"])
-    assert compose_config(["objective=mean_accept_length"])["objective"] == "mean_accept_length"
+        prepare(compose_config([*PLAIN, "objective=mean_accept_length"]))
+    assert prepare(compose_config(["objective=mean_accept_length"]))[0]["objective"] == "mean_accept_length"
 
 
 def test_the_draft_head_follows_the_algorithm():
     assert compose_config(["speculative=eagle"])["draft"]["kind"] == "eagle"
     assert compose_config(["speculative=none"])["draft"]["kind"] == "none"
     with pytest.raises(ConfigError, match="set draft=eagle"):
-        compose_config(["speculative=eagle", "draft=eagle3"])
+        prepare(compose_config(["speculative=eagle", "draft=eagle3"]))
 
 
 @pytest.mark.parametrize("objective,metric", [("tokens_per_s", "tokens_per_s"), ("mean_accept_length", "mean_accept_length")])

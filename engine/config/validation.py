@@ -1,12 +1,11 @@
-"""Cross-field checks of the composed config (a plain dict). Each error names the field and what is allowed."""
+"""Checks of the resolved config (a plain dict; see `engine.config.resolution`), changing nothing. Each
+error names the field and what is allowed."""
 
 from engine.errors import ConfigError
-from engine.serve.chat_template import ChatTemplate
-from engine.speculative.tree import max_tree_nodes
 from engine.sampling_params import SamplingParams
-from engine.speculative.adaptive.tiers import middle_candidate, parse_candidate
-from engine.speculative.candidate import OTHER_DRAFTERS, DrafterCandidate, configured_candidate, shape_of
-from engine.speculative.tree import TreeShape
+from engine.serve.chat_template import ChatTemplate
+from engine.speculative.candidate import OTHER_DRAFTERS, Candidate, parse_candidate
+from engine.speculative.tree import max_tree_nodes
 
 
 # the draft model each speculative algorithm loads (none: no draft model)
@@ -24,7 +23,8 @@ def _positive(config: dict, group: str, key: str, minimum: int = 1) -> None:
         raise ConfigError(f"{group}.{key} must be an integer >= {minimum}, got {value!r}")
 
 
-def validate_config(config: dict) -> dict:
+def validate(config: dict) -> None:
+    """Raises ConfigError naming the first field that is not allowed."""
     cache = config["cache"]
     for key in ("page_size", "max_total_tokens", "max_running_requests", "max_prefill_tokens"):
         _positive(config, "cache", key)
@@ -41,27 +41,23 @@ def validate_config(config: dict) -> dict:
         raise ConfigError(f"num_threads must be an integer >= 1, or null for one thread per core; got {threads!r}")
 
     spec = config["speculative"]
-    _positive(config, "speculative", "num_steps", minimum=0)
-    _positive(config, "speculative", "topk", minimum=1)
-    if spec["num_draft_tokens"] is None:  # a chain's nodes; a tree's default: every step's frontier + the root
-        spec["num_draft_tokens"] = spec["num_steps"] * spec["topk"] + 1
-        if spec["algorithm"] == "hybrid" and spec["topk"] > 1:  # and room for the n-gram branches
-            spec["num_draft_tokens"] += spec["num_steps"] * spec["topk"]
-    _positive(config, "speculative", "num_draft_tokens", minimum=1)
-    if spec["algorithm"] == "none" and spec["num_steps"] != 0:
-        raise ConfigError(
-            f"speculative.num_steps must be 0 when speculative.algorithm is 'none', got {spec['num_steps']}; "
-            "choose a speculative algorithm to draft tokens"
-        )
     kinds = DRAFT_KIND[spec["algorithm"]]
     if config["draft"]["kind"] not in kinds:
         raise ConfigError(
             f"speculative.algorithm={spec['algorithm']!r} needs draft.kind in {list(kinds)}, got "
             f"draft.kind={config['draft']['kind']!r}; set draft={spec['algorithm']} or leave the draft group unset"
         )
+    _validate_adaptive(config)  # before the speculative shape: resolving may have taken it from the first tier
+    _positive(config, "speculative", "num_steps", minimum=0)
+    _positive(config, "speculative", "topk", minimum=1)
+    _positive(config, "speculative", "num_draft_tokens", minimum=1)
+    if spec["algorithm"] == "none" and spec["num_steps"] != 0:
+        raise ConfigError(
+            f"speculative.num_steps must be 0 when speculative.algorithm is 'none', got {spec['num_steps']}; "
+            "choose a speculative algorithm to draft tokens"
+        )
     if spec["algorithm"] in ("ngram", "hybrid"):
         _validate_ngram(spec)
-    notices = _validate_adaptive(config)
     if spec["topk"] > 1:
         _validate_tree(config)
     elif spec["num_draft_tokens"] != spec["num_steps"] + 1:
@@ -85,8 +81,6 @@ def validate_config(config: dict) -> dict:
         raise ConfigError(f"seed must be a non-negative integer, got {config['seed']!r}")
     if config.get("server") is not None:
         _validate_server(config["server"])
-    config["notices"] = [*config.get("notices", []), *notices]  # validating again adds none: num_steps is fixed
-    return config
 
 
 def _validate_ngram(spec: dict) -> None:
@@ -132,7 +126,7 @@ CANDIDATE_FORMS = ("a step count >= 0, a tree shape {num_steps: S, topk: K, num_
                    "num_draft_tokens: N} (a tree)")
 
 
-def _tree_candidate(algorithm: str, where: str, value) -> TreeShape:
+def _tree_candidate(algorithm: str, where: str, value, drafter: str | None = None) -> Candidate:
     """A tier's tree candidate {num_steps, topk, num_draft_tokens}, checked like speculative.* for a tree."""
     if not isinstance(value, dict) or sorted(value) != sorted(TREE_KEYS):
         raise ConfigError(f"{where} must be {CANDIDATE_FORMS}, got {value!r}")
@@ -145,10 +139,10 @@ def _tree_candidate(algorithm: str, where: str, value) -> TreeShape:
         raise ConfigError(f"{where}.num_draft_tokens must be in 2..{most} with topk={topk} and num_steps={steps} "
                           f"(the root plus at most topk + (num_steps - 1) * topk^2 proposed nodes{branches}), "
                           f"got {nodes}")
-    return TreeShape(steps, topk, nodes)
+    return Candidate(steps, topk, nodes, drafter)
 
 
-def _other_candidate(algorithm: str, where: str, value: dict):
+def _other_candidate(algorithm: str, where: str, value: dict) -> Candidate:
     """A tree shape, or another drafter at a chain length or tree shape of its own."""
     if "drafter" not in value:
         return _tree_candidate(algorithm, where, value)
@@ -165,8 +159,8 @@ def _other_candidate(algorithm: str, where: str, value: dict):
         if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
             raise ConfigError(f"{where}.num_steps must be an integer >= 1 (the longest chain the {drafter} "
                               f"drafter proposes), got {steps!r}")
-        return DrafterCandidate(drafter, steps)
-    return DrafterCandidate(drafter, _tree_candidate(drafter, where, shape))
+        return Candidate(steps, drafter=drafter)
+    return _tree_candidate(drafter, where, shape, drafter)
 
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
@@ -188,15 +182,14 @@ def _validate_server(server: dict) -> None:
     ChatTemplate(**server["chat_template"])  # checks its formats
 
 
-def _validate_adaptive(config: dict) -> list[str]:
-    """Check the adaptive group; when the configured step count is not a candidate of the first tier,
-    start at that tier's middle candidate and return a notice saying so."""
+def _validate_adaptive(config: dict) -> None:
     adaptive, spec = config["adaptive"], config["speculative"]
-    if adaptive["policy"] == "auto":  # the default: adaptive chains; plain decoding and a configured tree as they are
-        adaptive["policy"] = "off" if spec["algorithm"] == "none" or spec["topk"] > 1 else "throughput"
     policy = adaptive["policy"]
     if policy == "off":
-        return []
+        return
+    if policy not in ("ema", "throughput"):
+        raise ConfigError(f"adaptive.policy must be 'off', 'ema' or 'throughput' (resolving turns 'auto' into one "
+                          f"of them), got {policy!r}")
     if spec["algorithm"] == "none":
         raise ConfigError(f"adaptive.policy={policy!r} needs speculative decoding, but speculative.algorithm is 'none'; "
                           "set speculative=eagle3 (or eagle), or adaptive=off")
@@ -217,19 +210,8 @@ def _validate_adaptive(config: dict) -> list[str]:
                               f"({previous}): tiers are sorted by batch size, got {size!r}")
         previous = size
         _validate_candidates(spec["algorithm"], policy, i, candidates)
-    if any(isinstance(parse_candidate(c), DrafterCandidate) for tier in tiers for c in tier["candidates"]):
+    if any(parse_candidate(c).drafter is not None for tier in tiers for c in tier["candidates"]):
         _validate_ngram(spec)  # n-gram lookup drafts for those candidates
-    first = [parse_candidate(c) for c in tiers[0]["candidates"]]
-    configured = configured_candidate(spec["num_steps"], spec["topk"], spec["num_draft_tokens"])
-    if configured in first:
-        return []
-    start = middle_candidate(first)
-    name = f"speculative.num_steps={spec['num_steps']}" if spec["topk"] == 1 else f"the tree {configured}"
-    notice = (f"adaptive: {name} is not a candidate of the first tier "
-              f"{[str(c) for c in first]}; starting at its middle candidate, {start}")
-    shape = shape_of(start)
-    spec["num_steps"], spec["topk"], spec["num_draft_tokens"] = shape.num_steps, shape.topk, shape.num_draft_tokens
-    return [notice]
 
 
 def _validate_candidates(algorithm: str, policy: str, i: int, candidates: list) -> None:

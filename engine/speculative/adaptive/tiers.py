@@ -39,7 +39,8 @@ def tier_index(tiers: list[Tier], batch_size: int) -> int:
 
 
 def middle_candidate(candidates) -> Candidate:
-    """The middle step count (the first other candidate when there is none)."""
+    """Where a tier starts when the configured candidate is not one of its own: its middle configured
+    chain (the middle candidate when it lists none)."""
     chains = chains_of(candidates) or tuple(candidates)
     return chains[len(chains) // 2]
 

@@ -1,0 +1,14 @@
+"""The composed config (a plain dict): `resolve` fills in what it derives, `validate` checks the result."""
+
+from engine.config.resolution import resolve
+from engine.config.validation import validate
+
+
+def prepare(config: dict) -> tuple[dict, list[str]]:
+    """A composed config -> (its resolved copy, checked; the notices to show). Raises ConfigError."""
+    resolved, notices = resolve(config)
+    validate(resolved)
+    return resolved, notices
+
+
+__all__ = ["prepare", "resolve", "validate"]
