@@ -9,11 +9,11 @@ from dependency_injector import providers
 
 from conftest import plain_token_ids, spec_overrides
 from containers.build import build_container
-from containers.compose import compose_config
+from launch.compose import compose_config
 from engine import SamplingParams, build_engine
 from engine.request import Request
-from engine.speculative.candidate import DrafterCandidate
-from engine.speculative.tree import TreeShape
+from engine.speculative.candidate import Candidate
+from engine.speculative.phase_clock import CATCH_UP_PHASE
 
 PROMPTS = ["def add(a, b):", "import os", "class Point:\n    def __init__(self, x, y):", "for", "x = [1, 2, 3]"]
 # unequal lengths: the batch shrinks 5 -> 1 as requests finish, crossing tiers
@@ -46,12 +46,11 @@ class CyclingPolicy:
         self.cycles = 0
 
     @property
-    def choice(self) -> int:
+    def choice(self) -> Candidate:
         return self.order[(self.cycles // self.every) % len(self.order)]
 
     def observe(self, candidate, accepted_drafts, timings):
-        depth = getattr(candidate, "num_steps", candidate)
-        assert candidate == self.choice and all(0 <= n <= depth for n in accepted_drafts)
+        assert candidate == self.choice and all(0 <= n <= candidate.num_steps for n in accepted_drafts)
         self.cycles += 1
 
 
@@ -172,27 +171,27 @@ def test_held_draft_extend_equals_running_it_every_iteration(spec_pair):
     for replay in (False, True):
         with build_engine(spec_overrides(target, heads["eagle3"], "eagle3", 3)) as eng:
             worker = eng.worker
-            draft = worker.drafter
+            drafter, head = worker.drafter, worker.drafter.head
             request = Request(0, [0, 5, 9, 14, 3], SamplingParams(max_new_tokens=8))
             eng.scheduler.add(request)
             (req,) = eng.scheduler.schedule()
             worker.prefill([req])
             row, n = req.row, req.num_computed
             gen = torch.Generator().manual_seed(0)
-            hidden = draft.model.config.hidden_size
+            hidden = head.model.config.hidden_size
             steps = [([int(t)], torch.randn(1, hidden, generator=gen)) for t in torch.randint(0, 200, (4,), generator=gen)]
             for i, (tokens, features) in enumerate(steps):
                 if replay:
-                    worker.drafter.deferred.hold([row], [n + i], [tokens], features)
+                    drafter.deferred.hold([row], [n + i], [tokens], features)
                 else:
-                    draft.forward_draft_extend([row], [n + i], [tokens], features)
+                    head.extend([row], [n + i], [tokens], features)
             if replay:
-                draft.forward_draft_extend(*worker.drafter.deferred.take([row]))
-                assert len(worker.drafter.deferred) == 0
+                head.extend(*drafter.deferred.take([row]))
+                assert len(drafter.deferred) == 0
             slots = worker.req_to_token[row, : n + len(steps)]
-            pool = draft.draft_runner.kv_pool
+            pool = head.runner.kv_pool
             results.append((pool.k[0][slots].clone(), pool.v[0][slots].clone(),
-                            *[t.clone() for t in draft.buffers.load(torch.tensor([row]))]))
+                            *[t.clone() for t in head.buffers.load(torch.tensor([row]))]))
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
@@ -205,7 +204,7 @@ def engine_with_policy(spec_pair, policy, *extra):
     return container.engine()
 
 
-@pytest.mark.parametrize("sat_out", [0, DrafterCandidate("ngram", 4)], ids=["0 steps", "n-gram"])
+@pytest.mark.parametrize("sat_out", [Candidate(0), Candidate(4, drafter="ngram")], ids=["0 steps", "n-gram"])
 def test_sitting_out_holds_draft_work_per_row_and_a_new_request_starts_clean(spec_pair, sat_out):
     """At 0 steps, or while n-gram lookup drafts, no draft forward runs per iteration: the verified
     tokens wait, per request row, for the next iteration the head drafts; a request admitted into a row
@@ -213,13 +212,14 @@ def test_sitting_out_holds_draft_work_per_row_and_a_new_request_starts_clean(spe
     engine = engine_with_policy(spec_pair, lambda candidates, initial: CyclingPolicy([sat_out], sat_out),
                                 "adaptive.tiers=[{batch_size:8,candidates:[0,3,{drafter:ngram,num_steps:4}]}]")
     worker = engine.worker
+    runner = worker.drafter.head.runner
     calls = []
-    forward = worker.drafter.draft_runner.forward
-    worker.drafter.draft_runner.forward = lambda *a, **kw: calls.append(1) or forward(*a, **kw)
+    forward = runner.forward
+    runner.forward = lambda *a, **kw: calls.append(1) or forward(*a, **kw)
     params = SamplingParams(max_new_tokens=9, ignore_eos=True)
     engine.generate(["def add(a, b):"], params)  # leaves its held work in row 0
     out = engine.generate(["import os"], params)[0]  # admitted into row 0 again
-    rows, starts, tokens, features = worker.drafter.deferred.take([0])
+    rows, starts, tokens, features = worker.drafter.eagle.deferred.take([0])  # the hybrid's head
     # prefill extended the draft head up to the first output token; each verify since then emitted one
     # token, held from the position after the prompt onwards; nothing of the first request is left
     assert rows == [0] and starts == [len(out.prompt_token_ids)] and tokens == [out.token_ids[1:]]
@@ -231,15 +231,15 @@ def test_throughput_policy_gets_every_phase_time(spec_pair):
     seen = []
 
     class Recording(CyclingPolicy):
-        def observe(self, num_steps, accepted_drafts, timings):
+        def observe(self, candidate, accepted_drafts, timings):
             seen.append(dict(timings))
-            super().observe(num_steps, accepted_drafts, timings)
+            super().observe(candidate, accepted_drafts, timings)
 
     engine = engine_with_policy(spec_pair, lambda candidates, initial: Recording(candidates, initial))
     start = time.perf_counter()
     engine.generate(PROMPTS, PARAMS)
     wall = time.perf_counter() - start
-    assert seen and all(set(t) == {"catch_up", "draft", "verify", "extend"} for t in seen)
+    assert seen and all(set(t) == {CATCH_UP_PHASE, "draft", "verify", "extend"} for t in seen)
     assert all(0 <= v for t in seen for v in t.values())
     assert sum(sum(t.values()) for t in seen) <= wall
     assert all(t["verify"] > 0 for t in seen)
@@ -253,11 +253,11 @@ def test_catching_up_on_cycles_sat_out_runs_before_drafting(spec_pair):
     drafter, cycles = engine.worker.drafter, []
     prepare = drafter.prepare
 
-    def recording(requests):
+    def recording(requests, state):
         rows = [r.row for r in requests]
         before = drafter.deferred.sat_out(rows)
-        prepare(requests)
-        cycles.append((drafter.num_steps, before, drafter.deferred.sat_out(rows)))
+        prepare(requests, state)
+        cycles.append((state.candidate.num_steps, before, drafter.deferred.sat_out(rows)))
 
     drafter.prepare = recording
     engine.generate(PROMPTS, PARAMS)
@@ -267,8 +267,9 @@ def test_catching_up_on_cycles_sat_out_runs_before_drafting(spec_pair):
     assert all(before == after for k, before, after in cycles if k == 0)  # ... and leaves it held
 
 
-@pytest.mark.parametrize("sat_out,drafting", [(0, 3), (0, TreeShape(3, 2, 6)), (DrafterCandidate("ngram", 4), 3),
-                                              (DrafterCandidate("ngram", 4), TreeShape(3, 2, 6))],
+@pytest.mark.parametrize("sat_out,drafting", [(Candidate(0), Candidate(3)), (Candidate(0), Candidate(3, 2, 6)),
+                                              (Candidate(4, drafter="ngram"), Candidate(3)),
+                                              (Candidate(4, drafter="ngram"), Candidate(3, 2, 6))],
                          ids=["0 steps, chain", "0 steps, tree", "n-gram, chain", "n-gram, tree"])
 def test_draft_kv_after_sitting_out_equals_always_extending(spec_pair, sat_out, drafting):
     """Switching every cycle between a candidate where the head sits out (0 steps, or n-gram lookup
@@ -281,9 +282,9 @@ def test_draft_kv_after_sitting_out_equals_always_extending(spec_pair, sat_out, 
         engine = engine_with_policy(spec_pair, lambda candidates, initial: CyclingPolicy(order, order[0]), tiers)
         out = engine.generate(["class Point:\n    def __init__(self, x, y):"], SamplingParams(max_new_tokens=40,
                                                                                                 ignore_eos=True))[0]
-        held = engine.worker.drafter.deferred.take([0])
+        held = engine.worker.drafter.eagle.deferred.take([0])  # the hybrid's head
         covered = held[1][0] if held is not None else len(out.prompt_token_ids) + len(out.token_ids) - 1
-        pool = engine.worker.drafter.draft_runner.kv_pool  # one request from an empty pool: slot = position
+        pool = engine.worker.drafter.head.runner.kv_pool  # one request from an empty pool: slot = position
         # what waits is at most the last cycle's tokens: nothing held was left behind by a drafting cycle
         assert covered >= len(out.prompt_token_ids) + len(out.token_ids) - 1 - 5
         pools.append((covered, pool.k[0].clone(), pool.v[0].clone()))

@@ -9,55 +9,61 @@ from engine.speculative.adaptive.controller import AdaptiveController
 from engine.speculative.adaptive.ema import EmaPolicy
 from engine.speculative.adaptive.throughput import STALE_UPDATES, ThroughputPolicy
 from engine.speculative.adaptive.tiers import Tier, build_tiers, tier_index
-from engine.speculative.candidate import DrafterCandidate
-from engine.speculative.tree import TreeShape
+from engine.speculative.candidate import Candidate
+from engine.speculative.phase_clock import CATCH_UP_PHASE
+
+C = Candidate
+
+
+def chains(*steps) -> tuple[Candidate, ...]:
+    return tuple(Candidate(k) for k in steps)
 
 
 def ema(candidates=(1, 3, 5, 7), initial=3, **kw):
     args = dict(ema_alpha=0.2, update_interval=5, warmup_batches=10, down_hysteresis=-0.25, up_hysteresis=0.0)
-    return EmaPolicy(candidates, initial, **{**args, **kw})
+    return EmaPolicy(chains(*candidates), Candidate(initial), **{**args, **kw})
 
 
 def feed(policy, cycles, accepted):
     for _ in range(cycles):
-        policy.observe(policy.choice, [min(accepted, policy.choice)], {})
+        policy.observe(policy.choice, [min(accepted, policy.choice.num_steps)], {})
 
 
 def test_ema_waits_for_warmup_then_walks_up_one_candidate_per_interval():
     p = ema()
     feed(p, 9, accepted=7)
-    assert p.choice == 3  # warmup
+    assert p.choice == C(3)  # warmup
     feed(p, 1, accepted=7)
-    assert p.choice == 5  # ema 3 > 3 - 0.5: up; at 5, ema 3 <= 4.5: stop
+    assert p.choice == C(5)  # ema 3 > 3 - 0.5: up; at 5, ema 3 <= 4.5: stop
     feed(p, 5, accepted=7)
-    assert p.choice == 5  # ema 3 + 2 * (1 - 0.8^5) = 4.34 <= 4.5
+    assert p.choice == C(5)  # ema 3 + 2 * (1 - 0.8^5) = 4.34 <= 4.5
     feed(p, 5, accepted=7)
-    assert p.choice == 7  # ema 4.79 > 4.5
+    assert p.choice == C(7)  # ema 4.79 > 4.5
     feed(p, 20, accepted=7)
-    assert p.choice == 7
+    assert p.choice == C(7)
 
 
 def test_ema_walks_down_past_every_threshold_it_is_under():
     p = ema(initial=7, warmup_batches=0, update_interval=1, ema_alpha=1.0)
-    p.observe(7, [0], {})  # ema 0 <= every threshold: 7 -> 5 -> 3 -> 1
-    assert p.choice == 1
+    p.observe(C(7), [0], {})  # ema 0 <= every threshold: 7 -> 5 -> 3 -> 1
+    assert p.choice == C(1)
 
 
 @pytest.mark.parametrize("value,expected", [(2.25, 3), (2.3, 5)])
 def test_ema_down_threshold_is_prev_minus_half_plus_hysteresis(value, expected):
     p = ema(initial=5, warmup_batches=0, update_interval=1, ema_alpha=1.0)
-    p.observe(5, [value], {})  # threshold to 3: 3 - 0.5 - 0.25 = 2.25
-    assert p.choice == expected
+    p.observe(C(5), [value], {})  # threshold to 3: 3 - 0.5 - 0.25 = 2.25
+    assert p.choice == C(expected)
 
 
 def test_ema_down_to_zero_uses_half_and_probes_up_from_zero():
     p = ema(candidates=(0, 1, 3), initial=1, warmup_batches=0, update_interval=1, ema_alpha=1.0)
-    p.observe(1, [0], {})  # 0 <= 0.5
-    assert p.choice == 0
-    p.observe(0, [0], {})  # nothing measured at 0: probe the next candidate, with a fresh average
-    assert p.choice == 1 and p.ema is None
-    p.observe(1, [1], {})  # 1 > 1 - 0.5: up
-    assert p.choice == 3
+    p.observe(C(1), [0], {})  # 0 <= 0.5
+    assert p.choice == C(0)
+    p.observe(C(0), [0], {})  # nothing measured at 0: probe the next candidate, with a fresh average
+    assert p.choice == C(1) and p.ema is None
+    p.observe(C(1), [1], {})  # 1 > 1 - 0.5: up
+    assert p.choice == C(3)
 
 
 def test_acceptance_profile_rates_and_expectation():
@@ -113,33 +119,34 @@ def test_a_depth_not_drafted_keeps_what_it_measured_on_the_current_text():
 
 def test_throughput_policy_keeps_catching_up_out_of_the_cost():
     # the draft-extend over cycles the head sat out is a cost of switching back, not of the candidate
-    p = ThroughputPolicy((1, 3), 1, AcceptanceModel(1.0), ema_alpha=1.0, update_interval=100, probe_interval=0)
-    p.observe(1, [1], {"catch_up": 5.0, "draft": 1.0, "verify": 2.0, "extend": 0.5})
-    assert p.cycle_seconds(1, 1) == pytest.approx(3.5)
+    p = ThroughputPolicy(chains(1, 3), C(1), AcceptanceModel(1.0), ema_alpha=1.0, update_interval=100,
+                         probe_interval=0)
+    p.observe(C(1), [1], {CATCH_UP_PHASE: 5.0, "draft": 1.0, "verify": 2.0, "extend": 0.5})
+    assert p.cycle_seconds(C(1), 1) == pytest.approx(3.5)
 
 
 def test_cycle_cost_line_through_every_measured_step_count():
     from engine.speculative.adaptive.cycle_cost import CycleCostModel
 
     c = CycleCostModel(ema_alpha=1.0)
-    assert c.seconds(3, 1) is None
-    c.observe(1, 1, 5.0)
-    assert c.seconds(1, 1) == 5.0 and c.seconds(3, 1) is None  # one point: no line yet
-    c.observe(5, 1, 9.0)
-    assert c.seconds(3, 1) == pytest.approx(7.0) and c.seconds(7, 1) == pytest.approx(11.0)  # slope 1 / step
-    c.observe(5, 1, 10.0)  # the machine got slower: the latest level moves every k
-    assert c.seconds(5, 1) == pytest.approx(10.0) and c.seconds(1, 1) == pytest.approx(10.0 - 4 * 1.25)
-    c.observe(0, 1, 4.0)  # plain decoding has its own average
-    assert c.seconds(0, 1) == 4.0 and c.seconds(0, 4) == pytest.approx(16.0)  # scaled to a batch never measured
+    assert c.seconds(C(3), 1) is None
+    c.observe(C(1), 1, 5.0)
+    assert c.seconds(C(1), 1) == 5.0 and c.seconds(C(3), 1) is None  # one point: no line yet
+    c.observe(C(5), 1, 9.0)
+    assert c.seconds(C(3), 1) == pytest.approx(7.0) and c.seconds(C(7), 1) == pytest.approx(11.0)  # slope 1 / step
+    c.observe(C(5), 1, 10.0)  # the machine got slower: the latest level moves every k
+    assert c.seconds(C(5), 1) == pytest.approx(10.0) and c.seconds(C(1), 1) == pytest.approx(10.0 - 4 * 1.25)
+    c.observe(C(0), 1, 4.0)  # plain decoding has its own average
+    assert c.seconds(C(0), 1) == 4.0 and c.seconds(C(0), 4) == pytest.approx(16.0)  # scaled to a batch never measured
 
 
 def test_cycle_cost_clips_a_stall():
     from engine.speculative.adaptive.cycle_cost import OUTLIER, CycleCostModel
 
     c = CycleCostModel(ema_alpha=0.5)
-    c.observe(3, 1, 1.0)
-    c.observe(3, 1, 100.0)  # a stall of the machine, not a cost of k
-    assert c.seconds(3, 1) == pytest.approx(0.5 * OUTLIER + 0.5)
+    c.observe(C(3), 1, 1.0)
+    c.observe(C(3), 1, 100.0)  # a stall of the machine, not a cost of k
+    assert c.seconds(C(3), 1) == pytest.approx(0.5 * OUTLIER + 0.5)
 
 
 def best_k(candidates, a, cost):
@@ -153,80 +160,87 @@ def best_k(candidates, a, cost):
     (0.7, lambda k: 1.0 + 0.15 * k),
 ])
 def test_throughput_finds_the_best_candidate_from_measurements(a, cost):
-    candidates = (0, 1, 3, 5, 7)
+    candidates = chains(0, 1, 3, 5, 7)
     rng = random.Random(0)
-    p = ThroughputPolicy(candidates, 3, AcceptanceModel(0.95), ema_alpha=0.2, update_interval=5, probe_interval=4)
+    p = ThroughputPolicy(candidates, C(3), AcceptanceModel(0.95), ema_alpha=0.2, update_interval=5, probe_interval=4)
     seen = []
     for _ in range(400):
-        k = p.choice
+        c = p.choice
+        k = c.num_steps
         accepted = []
         for _ in range(16):
             n = 0
             while n < k and rng.random() < a:
                 n += 1
             accepted.append(n)
-        p.observe(k, accepted, {"draft": cost(k) * 0.25, "verify": cost(k) * 0.75})
+        p.observe(c, accepted, {"draft": cost(k) * 0.25, "verify": cost(k) * 0.75})
         seen.append(p.choice)
-    best = best_k(candidates, a, cost)
+    best = C(best_k((0, 1, 3, 5, 7), a, cost))
     assert p.best == best
     assert seen[-100:].count(p.best) >= 70  # mostly at the best; probes are the rest
     # every candidate was run, or estimated far below the best without running it
     rate = p.estimated_rates()
-    assert all(k in seen or rate[k] < 0.9 * rate[best] for k in candidates)
+    assert all(c in seen or rate[c] < 0.9 * rate[best] for c in candidates)
 
 
 def test_throughput_does_not_explore_a_deep_step_count_estimated_far_worse():
-    p = ThroughputPolicy((1, 3, 5, 7), 3, AcceptanceModel(0.8), ema_alpha=0.5, update_interval=4, probe_interval=0)
+    p = ThroughputPolicy(chains(1, 3, 5, 7), C(3), AcceptanceModel(0.8), ema_alpha=0.5, update_interval=4,
+                         probe_interval=0)
     seen = []
     for _ in range(40):
         seen.append(p.choice)
         # half the first drafts accepted, none deeper; each draft step costs as much as the rest of the cycle
-        p.observe(p.choice, [0, 1] * 8, {"verify": 1.0 + p.choice})
-    assert seen[:8] == [3] * 4 + [1] * 4  # the initial and the one below give the cost line
-    assert 5 not in seen and 7 not in seen and p.best == 1
+        p.observe(p.choice, [0, 1] * 8, {"verify": 1.0 + p.choice.num_steps})
+    assert seen[:8] == [C(3)] * 4 + [C(1)] * 4  # the initial and the one below give the cost line
+    assert C(5) not in seen and C(7) not in seen and p.best == C(1)
 
 
 def test_throughput_estimates_none_until_measured():
-    p = ThroughputPolicy((1, 3), 1, AcceptanceModel(0.9), 0.2, 5, 0)
-    assert p.estimated_rates()[3] is None
-    p.observe(1, [1], {"verify": 0.5})
-    assert p.estimated_rates()[1] == pytest.approx(2 / 0.5) and p.estimated_rates()[3] is None
+    p = ThroughputPolicy(chains(1, 3), C(1), AcceptanceModel(0.9), 0.2, 5, 0)
+    assert p.estimated_rates()[C(3)] is None
+    p.observe(C(1), [1], {"verify": 0.5})
+    assert p.estimated_rates()[C(1)] == pytest.approx(2 / 0.5) and p.estimated_rates()[C(3)] is None
 
 
 class Fixed:
     def __init__(self, candidates, initial):
         self.choice, self.seen = initial, []
 
-    def observe(self, num_steps, accepted, timings):
-        self.seen.append((num_steps, accepted))
+    def observe(self, candidate, accepted, timings):
+        self.seen.append((candidate, accepted))
 
 
 def test_controller_pads_batch_to_its_tier_and_counts_switches():
     tiers = build_tiers([{"batch_size": 1, "candidates": [1, 3]}, {"batch_size": 8, "candidates": [0, 1]},
-                         {"batch_size": 32, "candidates": [0]}], configured=3)
-    assert [t.initial for t in tiers] == [3, 1, 0]  # 3 where it is a candidate, else the middle one
+                         {"batch_size": 32, "candidates": [0]}], configured=C(3))
+    assert [t.candidates for t in tiers] == [chains(1, 3), chains(0, 1), chains(0)]
+    assert [t.initial for t in tiers] == [C(3), C(1), C(0)]  # 3 where it is a candidate, else the middle one
     assert [tier_index(tiers, b) for b in (1, 2, 8, 9, 32, 500)] == [0, 1, 1, 2, 2, 2]
     c = AdaptiveController(tiers, Fixed)
-    assert [c.choose(b) for b in (1, 1, 4, 8, 40, 1)] == [3, 3, 1, 1, 0, 3]
-    c.observe(5, 1, [1, 0], {})
-    assert c.policies[1].seen == [(1, [1, 0])] and not c.policies[0].seen
+    assert [c.choose(b) for b in (1, 1, 4, 8, 40, 1)] == [C(3), C(3), C(1), C(1), C(0), C(3)]
+    c.observe(5, C(1), [1, 0], {})
+    assert c.policies[1].seen == [(C(1), [1, 0])] and not c.policies[0].seen
     assert c.stats() == {"adaptive_cycles_at_steps": {0: 1, 1: 2, 3: 3}, "adaptive_switches": 3}
-    assert c.history == [[3, 2], [1, 2], [0, 1], [3, 1]]  # the choices over time, as runs
-    assert c.all_candidates == {0, 1, 3}
+    assert c.history == [[C(3), 2], [C(1), 2], [C(0), 1], [C(3), 1]]  # the choices over time, as runs
+    assert c.all_candidates == set(chains(0, 1, 3))
 
 
 def test_tier_from_config_types():
-    assert Tier.from_config(4, [0, 2], 2) == Tier(4, (0, 2), 2)
+    assert Tier.from_config(4, [0, 2], 2) == Tier(4, chains(0, 2), C(2))
+    tree, ngram = {"num_steps": 5, "topk": 4, "num_draft_tokens": 16}, {"drafter": "ngram", "num_steps": 4}
+    assert Tier.from_config("8", [1, tree, ngram], ngram) == Tier(8, (C(1), C(5, 4, 16), C(4, drafter="ngram")),
+                                                                 C(4, drafter="ngram"))
 
 
 def test_throughput_does_not_probe_a_neighbour_estimated_far_worse():
-    p = ThroughputPolicy((0, 1, 3), 1, AcceptanceModel(0.9), ema_alpha=0.2, update_interval=5, probe_interval=1)
+    p = ThroughputPolicy(chains(0, 1, 3), C(1), AcceptanceModel(0.9), ema_alpha=0.2, update_interval=5,
+                         probe_interval=1)
     seen = []
     for _ in range(200):
-        k = p.choice
-        p.observe(k, [0] * 4, {"verify": 1.0 + k})  # nothing is ever accepted; each step costs as much again
+        c = p.choice
+        p.observe(c, [0] * 4, {"verify": 1.0 + c.num_steps})  # nothing is ever accepted; each step costs as much again
         seen.append(p.choice)
-    assert p.best == 0 and set(seen[-150:]) == {0}
+    assert p.best == C(0) and set(seen[-150:]) == {C(0)}
 
 
 def test_acceptance_rates_are_non_increasing_with_depth():
@@ -238,23 +252,29 @@ def test_acceptance_rates_are_non_increasing_with_depth():
 
 
 def test_throughput_compares_costs_at_the_current_batch_size():
-    p = ThroughputPolicy((1, 3), 1, AcceptanceModel(1.0), ema_alpha=1.0, update_interval=100, probe_interval=0)
-    p.observe(3, [3, 3], {"verify": 1.0})  # k=3 measured with 2 requests: 1.0 s
-    p.observe(1, [1, 1, 1, 1], {"verify": 1.2})  # k=1 measured with 4 requests: 1.2 s
-    assert p.cycle_seconds(3, 4) == pytest.approx(2.0)  # scaled from 2 requests to 4
-    assert p.cycle_seconds(1, 4) == pytest.approx(1.2)
-    assert p.estimated_rates()[3] == pytest.approx(4 / 2.0) and p.estimated_rates()[1] == pytest.approx(2 / 1.2)
+    p = ThroughputPolicy(chains(1, 3), C(1), AcceptanceModel(1.0), ema_alpha=1.0, update_interval=100,
+                         probe_interval=0)
+    p.observe(C(3), [3, 3], {"verify": 1.0})  # k=3 measured with 2 requests: 1.0 s
+    p.observe(C(1), [1, 1, 1, 1], {"verify": 1.2})  # k=1 measured with 4 requests: 1.2 s
+    assert p.cycle_seconds(C(3), 4) == pytest.approx(2.0)  # scaled from 2 requests to 4
+    assert p.cycle_seconds(C(1), 4) == pytest.approx(1.2)
+    assert p.estimated_rates()[C(3)] == pytest.approx(4 / 2.0) and p.estimated_rates()[C(1)] == pytest.approx(2 / 1.2)
 
 
 def test_controller_times_phases_only_for_policies_that_read_times():
-    tiers = [Tier(batch_size=4, candidates=(1, 3), initial=3), Tier(batch_size=16, candidates=(0, 2), initial=2)]
+    tiers = [Tier(batch_size=4, candidates=chains(1, 3), initial=C(3)),
+             Tier(batch_size=16, candidates=chains(0, 2), initial=C(2))]
     acceptance = AcceptanceModel(decay=0.9)
 
     def throughput(candidates, initial):
         return ThroughputPolicy(candidates, initial, acceptance=acceptance, ema_alpha=0.2, update_interval=2,
                                 probe_interval=4)
 
-    assert not AdaptiveController(tiers, lambda candidates, initial: ema(candidates, initial)).needs_timings
+    def ema_policy(candidates, initial):
+        return EmaPolicy(candidates, initial, ema_alpha=0.2, update_interval=5, warmup_batches=10,
+                         down_hysteresis=-0.25, up_hysteresis=0.0)
+
+    assert not AdaptiveController(tiers, ema_policy).needs_timings
     assert AdaptiveController(tiers, throughput).needs_timings
 
 
@@ -274,25 +294,25 @@ def test_acceptance_ignores_zero_step_cycles_and_expects_nothing_of_zero_steps()
 
 def test_ema_averages_accepted_drafts_over_the_batch():
     p = ema(initial=3, warmup_batches=100, ema_alpha=1.0)
-    p.observe(3, [1, 2, 6], {})
+    p.observe(C(3), [1, 2, 6], {})
     assert p.ema == 3.0
 
 
 def test_ema_probes_up_from_zero_to_the_only_other_candidate_and_stays_at_a_lone_zero():
     p = ema(candidates=(0, 2), initial=0, warmup_batches=0, update_interval=1)
-    p.observe(0, [0], {})
-    assert p.choice == 2
+    p.observe(C(0), [0], {})
+    assert p.choice == C(2)
     lone = ema(candidates=(0,), initial=0, warmup_batches=0, update_interval=1)
     for _ in range(3):
-        lone.observe(0, [0], {})
-    assert lone.choice == 0
+        lone.observe(C(0), [0], {})
+    assert lone.choice == C(0)
 
 
 @pytest.mark.parametrize("value,expected", [(2.7, 3), (2.8, 5)])
 def test_ema_up_threshold_is_current_minus_half_plus_hysteresis(value, expected):
     p = ema(initial=3, warmup_batches=0, update_interval=1, ema_alpha=1.0, up_hysteresis=0.25)
-    p.observe(3, [value], {})  # up from 3 when ema > 3 - 0.5 + 0.25 = 2.75
-    assert p.choice == expected
+    p.observe(C(3), [value], {})  # up from 3 when ema > 3 - 0.5 + 0.25 = 2.75
+    assert p.choice == C(expected)
 
 
 # accepted-draft counts of 625 requests whose drafts are each accepted with probability 0.8 (a geometric
@@ -310,45 +330,48 @@ GEOMETRIC = {2: [0] * 125 + [1] * 100 + [2] * 400, 3: [0] * 125 + [1] * 100 + [2
 def test_throughput_explores_one_candidate_per_interval_then_probes_its_neighbours(step_cost, best,
                                                                                   expected_after_exploring):
     # cycles cost 1 + step_cost * k; the estimated rates of the other candidates are within the probe margin
-    p = ThroughputPolicy((2, 3, 4), 3, AcceptanceModel(0.8), ema_alpha=0.5, update_interval=4, probe_interval=2)
+    p = ThroughputPolicy(chains(2, 3, 4), C(3), AcceptanceModel(0.8), ema_alpha=0.5, update_interval=4,
+                         probe_interval=2)
     seen = []
     for _ in range(28):
-        seen.append(p.choice)
-        p.observe(p.choice, GEOMETRIC[p.choice], {"verify": 1 + step_cost * p.choice})
+        k = p.choice.num_steps
+        seen.append(k)
+        p.observe(p.choice, GEOMETRIC[k], {"verify": 1 + step_cost * k})
     # explore: the initial candidate, then outwards (the one below first), one update interval each
     assert seen == [3] * 4 + [2] * 4 + [4] * 4 + expected_after_exploring
-    assert p.best == best
+    assert p.best == C(best)
     rates = p.estimated_rates()
-    assert all(rates[k] >= 0.9 * rates[best] for k in rates)
-    expected = {k: (1 + sum(0.8 ** i for i in range(1, k + 1))) / (1 + step_cost * k) for k in rates}
+    assert all(rates[c] >= 0.9 * rates[C(best)] for c in rates)
+    expected = {C(k): (1 + sum(0.8 ** i for i in range(1, k + 1))) / (1 + step_cost * k) for k in (2, 3, 4)}
     assert rates == pytest.approx(expected)
 
 
 def test_throughput_scales_cycle_time_from_the_nearest_measured_batch_size():
-    p = ThroughputPolicy((3,), 3, AcceptanceModel(1.0), ema_alpha=1.0, update_interval=100, probe_interval=0)
-    p.observe(3, [3] * 2, {"verify": 1.0})
-    p.observe(3, [3] * 8, {"verify": 2.0})
-    assert p.cycle_seconds(3, 7) == pytest.approx(2.0 * 7 / 8)
-    assert p.cycle_seconds(3, 3) == pytest.approx(1.0 * 3 / 2)
+    p = ThroughputPolicy(chains(3), C(3), AcceptanceModel(1.0), ema_alpha=1.0, update_interval=100, probe_interval=0)
+    p.observe(C(3), [3] * 2, {"verify": 1.0})
+    p.observe(C(3), [3] * 8, {"verify": 2.0})
+    assert p.cycle_seconds(C(3), 7) == pytest.approx(2.0 * 7 / 8)
+    assert p.cycle_seconds(C(3), 3) == pytest.approx(1.0 * 3 / 2)
 
 
 def test_throughput_ignores_cycles_timed_at_zero():
-    p = ThroughputPolicy((1, 3), 1, AcceptanceModel(1.0), ema_alpha=1.0, update_interval=100, probe_interval=0)
-    p.observe(1, [1], {"verify": 0.0})  # a clock too coarse for the cycle
-    assert p.estimated_rates()[1] is None
+    p = ThroughputPolicy(chains(1, 3), C(1), AcceptanceModel(1.0), ema_alpha=1.0, update_interval=100,
+                         probe_interval=0)
+    p.observe(C(1), [1], {"verify": 0.0})  # a clock too coarse for the cycle
+    assert p.estimated_rates()[C(1)] is None
 
 
 def test_tiers_are_immutable():
     import dataclasses
 
     with pytest.raises(dataclasses.FrozenInstanceError):
-        Tier(4, (0, 2), 2).initial = 0
+        Tier(4, chains(0, 2), C(2)).initial = C(0)
 
 
 # -- tree shapes as candidates ---------------------------------------------------------------------
 
-TREE = TreeShape(5, 4, 16)
-NGRAM = DrafterCandidate("ngram", 7)
+TREE = Candidate(5, 4, 16)
+NGRAM = Candidate(7, drafter="ngram")
 
 
 def chain_accepts(rng, k, a, n=16):
@@ -368,7 +391,7 @@ def chain_accepts(rng, k, a, n=16):
 ])
 def test_throughput_weighs_a_tree_shape_by_its_own_acceptance_and_cost(other, tree_accepted, tree_cost, tree_wins):
     rng = random.Random(1)
-    p = ThroughputPolicy((1, 2, 3, 4, other), 3, AcceptanceModel(0.9), ema_alpha=0.3, update_interval=3,
+    p = ThroughputPolicy((*chains(1, 2, 3, 4), other), C(3), AcceptanceModel(0.9), ema_alpha=0.3, update_interval=3,
                          probe_interval=3)
     seen = []
     for _ in range(300):
@@ -376,9 +399,9 @@ def test_throughput_weighs_a_tree_shape_by_its_own_acceptance_and_cost(other, tr
         if c == other:
             p.observe(c, [round(tree_accepted + rng.uniform(-0.5, 0.5)) for _ in range(16)], {"verify": tree_cost})
         else:
-            p.observe(c, chain_accepts(rng, c, 0.6), {"verify": 1.0 + 0.15 * c})
+            p.observe(c, chain_accepts(rng, c.num_steps, 0.6), {"verify": 1.0 + 0.15 * c.num_steps})
         seen.append(p.choice)
-    best_chain = best_k((1, 2, 3, 4), 0.6, lambda k: 1.0 + 0.15 * k)
+    best_chain = C(best_k((1, 2, 3, 4), 0.6, lambda k: 1.0 + 0.15 * k))
     assert p.best == (other if tree_wins else best_chain), p.estimated_rates()
     assert seen[-90:].count(p.best) >= 60
     rate = p.estimated_rates()[other]
@@ -388,44 +411,44 @@ def test_throughput_weighs_a_tree_shape_by_its_own_acceptance_and_cost(other, tr
 @pytest.mark.parametrize("other", [TREE, NGRAM], ids=["tree shape", "other drafter"])
 def test_tree_cycles_feed_neither_the_chain_acceptance_nor_the_cost_line(other):
     acceptance = AcceptanceModel(0.9)
-    p = ThroughputPolicy((1, 3, other), 1, acceptance, ema_alpha=1.0, update_interval=100, probe_interval=0)
-    p.observe(1, [1, 0], {"verify": 1.0})
-    p.observe(3, [3, 3], {"verify": 2.0})
-    reached, line = list(acceptance.reached), p.cycle_seconds(2, 2)
+    p = ThroughputPolicy((C(1), C(3), other), C(1), acceptance, ema_alpha=1.0, update_interval=100, probe_interval=0)
+    p.observe(C(1), [1, 0], {"verify": 1.0})
+    p.observe(C(3), [3, 3], {"verify": 2.0})
+    reached, line = list(acceptance.reached), p.cycle_seconds(C(2), 2)
     p.observe(other, [5, 5], {"verify": 9.0})  # deep accepts at a high cost
-    assert acceptance.reached == reached and p.cycle_seconds(2, 2) == line
+    assert acceptance.reached == reached and p.cycle_seconds(C(2), 2) == line
     assert p.cycle_seconds(other, 2) == 9.0 and p.cycle_seconds(other, 4) == 18.0
     assert p.own_accepted[other] == 5.0
 
 
 def test_throughput_explores_tree_shapes_after_the_chains_and_probes_them_in_turn():
-    other = TreeShape(3, 2, 6)
-    p = ThroughputPolicy((2, 3, TREE, other), 3, AcceptanceModel(0.8), ema_alpha=0.5, update_interval=2,
+    other = Candidate(3, 2, 6)
+    p = ThroughputPolicy((C(2), C(3), TREE, other), C(3), AcceptanceModel(0.8), ema_alpha=0.5, update_interval=2,
                          probe_interval=1)
     seen = []
     for _ in range(32):
         c = p.choice
         seen.append(c)
-        if isinstance(c, TreeShape):  # rate 3 / 1.8 = 1.67: within the margin of the best chain
+        if not c.is_chain:  # rate 3 / 1.8 = 1.67: within the margin of the best chain
             p.observe(c, [2] * len(GEOMETRIC[3]), {"verify": 1.8})
         else:  # rates 2.44 / 1.5 = 1.63 (k = 2) and 2.95 / 1.75 = 1.69 (k = 3, the best)
-            p.observe(c, GEOMETRIC[c], {"verify": 1.0 + 0.25 * c})
-    assert seen[:8] == [3, 3, 2, 2, TREE, TREE, other, other]
-    assert p.best == 3
+            p.observe(c, GEOMETRIC[c.num_steps], {"verify": 1.0 + 0.25 * c.num_steps})
+    assert seen[:8] == [C(3), C(3), C(2), C(2), TREE, TREE, other, other]
+    assert p.best == C(3)
     # every update probes one interval, in turn: the chain below the best (none above), then each tree
-    assert seen[8::2] == [2, TREE, other] * 4
+    assert seen[8::2] == [C(2), TREE, other] * 4
 
 
 def test_controller_reports_tree_shapes_by_label():
     tiers = build_tiers([{"batch_size": 4, "candidates": [1, 3, {"num_steps": 5, "topk": 4, "num_draft_tokens": 16}]}],
                         configured=TREE)
-    assert tiers[0].initial == TREE and tiers[0].candidates == (1, 3, TREE)
+    assert tiers[0].initial == TREE and tiers[0].candidates == (C(1), C(3), TREE)
     c = AdaptiveController(tiers, Fixed)
     assert c.choose(2) == TREE and c.choose(3) == TREE
-    c.policies[0].choice = 3
+    c.policies[0].choice = C(3)
     c.choose(1)
     assert c.stats() == {"adaptive_cycles_at_steps": {3: 1, "5x4/16": 2}, "adaptive_switches": 1}
-    assert c.history == [[TREE, 2], [3, 1]]
+    assert c.history == [[TREE, 2], [C(3), 1]]
 
 
 def test_a_few_early_misses_deep_in_the_chain_do_not_lock_the_policy_at_one_step():
@@ -433,25 +456,27 @@ def test_a_few_early_misses_deep_in_the_chain_do_not_lock_the_policy_at_one_step
     every deeper k was estimated far below k = 1, never probed, never measured again (seen in a
     benchmark: 1773 of 1779 cycles at k = 1 on text a fixed k = 3 decoded 1.2x faster)."""
     rng = random.Random(3)
-    p = ThroughputPolicy((1, 2, 3, 4, 5, 6, 7), 3, AcceptanceModel(0.8), ema_alpha=0.2, update_interval=2,
+    p = ThroughputPolicy(chains(1, 2, 3, 4, 5, 6, 7), C(3), AcceptanceModel(0.8), ema_alpha=0.2, update_interval=2,
                          probe_interval=6)
     cost = lambda k: 1.0 + 0.2 * k  # noqa: E731  (k = 2 costs 1.4 / 1.2 of k = 1: outside the probe margin)
     for _ in range(4):  # the exploration at 3 and 2 steps: position 1 accepted, position 2 missed
-        p.observe(p.choice, [1], {"verify": cost(p.choice)})
+        p.observe(p.choice, [1], {"verify": cost(p.choice.num_steps)})
     seen = []
     for _ in range(600):  # then text where 90% of drafts are accepted at every depth
-        k = p.choice
-        p.observe(k, chain_accepts(rng, k, 0.9, n=1), {"verify": cost(k)})
+        c = p.choice
+        k = c.num_steps
+        p.observe(c, chain_accepts(rng, k, 0.9, n=1), {"verify": cost(k)})
         seen.append(k)
     best = best_k((1, 2, 3, 4, 5, 6, 7), 0.9, cost)
-    assert best >= 5 and p.best >= 4, (p.best, p.estimated_rates())
+    assert best >= 5 and p.best.num_steps >= 4, (p.best, p.estimated_rates())
     assert sum(k >= 4 for k in seen[-200:]) >= 150
 
 
 def test_a_candidate_ruled_out_early_is_probed_again_once_stale():
     """Two bad cycles of a bursty drafter put its estimate far below the best; it is skipped by the
     probes until it has not run for STALE_UPDATES updates, then measured again."""
-    p = ThroughputPolicy((3, NGRAM), 3, AcceptanceModel(0.9), ema_alpha=0.3, update_interval=1, probe_interval=1)
+    p = ThroughputPolicy((C(3), NGRAM), C(3), AcceptanceModel(0.9), ema_alpha=0.3, update_interval=1,
+                         probe_interval=1)
     runs = []
     for _ in range(3 * STALE_UPDATES):
         c = p.choice
@@ -466,7 +491,8 @@ def test_another_drafters_averages_weigh_its_first_cycles_alike_and_move_slowly_
     """n-gram lookup finds a long match or none from one cycle to the next: its acceptance and cost are
     the plain mean of its first cycles (the first one does not outweigh the rest), then a moving
     average slow enough that one empty cycle does not rule it out."""
-    p = ThroughputPolicy((3, NGRAM), 3, AcceptanceModel(0.9), ema_alpha=0.5, update_interval=1000, probe_interval=0)
+    p = ThroughputPolicy((C(3), NGRAM), C(3), AcceptanceModel(0.9), ema_alpha=0.5, update_interval=1000,
+                         probe_interval=0)
     p.observe(NGRAM, [0], {"verify": 2.0})
     for _ in range(4):
         p.observe(NGRAM, [6], {"verify": 1.0})

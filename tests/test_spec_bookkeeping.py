@@ -2,7 +2,7 @@
 
 import torch
 
-from engine.speculative.deferred_extend import DeferredExtend
+from engine.speculative.drafters.deferred_extend import DeferredExtend
 from engine.speculative.metrics import SpecCounters
 
 
@@ -59,6 +59,7 @@ def test_runtime_state_parts_must_agree_and_the_state_is_frozen():
 
     from engine.attention.torch_native import TorchNativeBackend
     from engine.speculative.backend_factory import DraftBackendFactory
+    from engine.speculative.candidate import Candidate
     from engine.speculative.state import SpecRuntimeState
     from engine.speculative.verify_buffers import VerifyBuffers
 
@@ -66,11 +67,20 @@ def test_runtime_state_parts_must_agree_and_the_state_is_frozen():
         return DraftBackendFactory({"torch_native": TorchNativeBackend}, 16, num_steps, "prefill",
                                    "torch_native", "torch_native")
 
-    state = SpecRuntimeState.create(3, factory(3), TorchNativeBackend(16), VerifyBuffers(4, 3, "cpu"))
-    assert state.num_steps == 3 and state.num_draft_tokens == 4
+    state = SpecRuntimeState.create(Candidate(3), factory(3), TorchNativeBackend(16), VerifyBuffers(4, 4, "cpu"))
+    assert state.candidate == Candidate(3) and state.candidate.num_draft_tokens == 4
+    assert len(state.draft_decode_backend.backends) == 2 and state.draft_extend_backend is not None
     with pytest.raises(dataclasses.FrozenInstanceError):
-        state.num_steps = 5
-    for steps_factory, steps_buffers in ((2, 3), (3, 2)):
-        with pytest.raises(ValueError, match="num_steps=3"):
-            SpecRuntimeState.create(3, factory(steps_factory), TorchNativeBackend(16),
-                                    VerifyBuffers(4, steps_buffers, "cpu"))
+        state.candidate = Candidate(5)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        state.candidate.num_steps = 5
+    tree = SpecRuntimeState.create(Candidate(3, 2, 6), factory(3), TorchNativeBackend(16), VerifyBuffers(4, 8, "cpu"))
+    assert tree.candidate.num_draft_tokens == 6  # buffers for more nodes than the candidate verifies serve it
+    # draft backends for another step count, or verify buffers for fewer nodes than the candidate verifies
+    for steps_factory, nodes_buffers, message in ((2, 4, "draft backends for 2 steps"),
+                                                  (3, 3, "verify buffers for 3 nodes")):
+        with pytest.raises(ValueError, match=message):
+            SpecRuntimeState.create(Candidate(3), factory(steps_factory), TorchNativeBackend(16),
+                                    VerifyBuffers(4, nodes_buffers, "cpu"))
+    with pytest.raises(ValueError, match="verify buffers for 4 nodes"):
+        SpecRuntimeState.create(Candidate(3, 2, 6), factory(3), TorchNativeBackend(16), VerifyBuffers(4, 4, "cpu"))

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import PLAIN, plain_token_ids, random_requests_match_plain
 from engine import ConfigError, SamplingParams, build_engine
-from engine.speculative.ngram_index import NgramIndex
+from engine.speculative.drafters.ngram_index import NgramIndex
 from test_cli import run_cli
 
 # code that repeats itself, so the lookup finds matches in the prompt and in the output
@@ -76,7 +76,7 @@ def test_ngram_is_lossless_at_batch_16(spec_pair, plain, steps, topk, nodes):
         outs = eng.generate(PROMPTS, PARAMS)
         assert eng.metrics()["mean_accept_length"] > 1.0  # the lookup found continuations the target took
         assert eng.scheduler.kv.all_free()
-        assert not hasattr(eng.worker.drafter, "draft_runner")  # no draft model
+        assert eng.worker.drafter.head is None  # no draft model
     assert [o.token_ids for o in outs] == plain
 
 
@@ -157,10 +157,11 @@ def test_hybrid_runs_the_head_only_where_the_lookup_is_not_trusted(spec_pair, pl
     with build_engine(overrides) as eng:
         proposals, drafts, sat_out = [], [], []
         drafter = eng.worker.drafter
-        propose, draft, hold = drafter.propose, drafter.draft, drafter.deferred.hold
+        deferred = drafter.eagle.deferred
+        propose, draft, hold = drafter.propose, drafter.head.chain, deferred.hold
         drafter.propose = lambda *a, **kw: proposals.append(1) or propose(*a, **kw)
-        drafter.draft = lambda *a, **kw: drafts.append(1) or draft(*a, **kw)
-        drafter.deferred.hold = lambda *a, **kw: sat_out.append(kw.get("sat_out", True)) or hold(*a, **kw)
+        drafter.head.chain = lambda *a, **kw: drafts.append(1) or draft(*a, **kw)
+        deferred.hold = lambda *a, **kw: sat_out.append(kw.get("sat_out", True)) or hold(*a, **kw)
         outs = eng.generate(PROMPTS, PARAMS)
         alone = eng.generate(PROMPTS[:1], PARAMS[:1])  # text that repeats, alone: its matches decide
     assert [o.token_ids for o in outs] == plain and alone[0].token_ids == plain[0]

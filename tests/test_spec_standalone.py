@@ -34,7 +34,7 @@ def test_standalone_is_lossless_at_batch_16(spec_pair, plain, steps, topk, nodes
     overrides = standalone_overrides(target, target, steps, topk, nodes, f"speculative.draft_sampling={draft_sampling}")
     with build_engine(overrides) as eng:
         outs = eng.generate(PROMPTS, PARAMS)
-        assert eng.worker.drafter.model.kind == "lm"
+        assert eng.worker.drafter.head.model.kind == "lm"
         assert eng.scheduler.kv.all_free()
     assert [o.token_ids for o in outs] == plain
 
