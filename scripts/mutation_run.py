@@ -44,13 +44,13 @@ TESTS_FOR = {
     "engine/keyed_random.py": SAMPLING_TESTS,
     "engine/stopping.py": ["tests/test_stopping.py", "tests/test_engine_limits.py", "tests/test_spec_lossless.py"],
     "engine/speculative/adaptive/": ADAPTIVE_TESTS,
+    "engine/speculative/drafters/": [*SPEC_TESTS, "tests/test_spec_ngram.py", "tests/test_spec_standalone.py",
+                                     "tests/test_spec_trees.py"],
     "engine/speculative/": SPEC_TESTS,
 }
 DEFAULT_FILES = ["engine/sampling.py", "engine/keyed_random.py", "engine/stopping.py",
-                 *sorted(str(p.relative_to(REPO)) for p in (REPO / "engine/speculative").glob("*.py")
-                         if p.name != "__init__.py"),
-                 *sorted(str(p.relative_to(REPO)) for p in (REPO / "engine/speculative/adaptive").glob("*.py")
-                         if p.name != "__init__.py")]
+                 *sorted(str(p.relative_to(REPO)) for folder in ("", "/drafters", "/adaptive")
+                         for p in (REPO / f"engine/speculative{folder}").glob("*.py") if p.name != "__init__.py")]
 
 COMPARE_SWAPS = {ast.Eq: ast.NotEq, ast.NotEq: ast.Eq, ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE,
                  ast.GtE: ast.Gt, ast.Is: ast.IsNot, ast.IsNot: ast.Is, ast.In: ast.NotIn, ast.NotIn: ast.In}

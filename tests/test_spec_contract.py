@@ -159,3 +159,18 @@ def test_draft_kind_must_match_algorithm(spec_pair):
     target, heads = spec_pair
     with pytest.raises(ConfigError, match="draft.kind"):
         build_engine([*PLAIN, f"model.path={target}", "speculative=eagle3", "draft=eagle", f"draft.path={heads['eagle']}"])
+
+
+def test_drafters_compose_instead_of_inheriting():
+    """Each drafter holds what it shares (a DraftHead, another drafter) and implements the protocol itself."""
+    import inspect
+
+    from engine.speculative.drafters import base, eagle, hybrid, ngram, standalone
+
+    drafters = [eagle.EagleDrafter, ngram.NgramDrafter, standalone.StandaloneDrafter, hybrid.HybridDrafter]
+    for cls in drafters:
+        assert cls.__bases__ == (object,), cls
+        for name in ("start", "prepare", "propose", "after_verify"):
+            assert name in vars(cls), (cls, name)
+            assert list(inspect.signature(getattr(cls, name)).parameters) == list(
+                inspect.signature(getattr(base.Drafter, name)).parameters), (cls, name)
