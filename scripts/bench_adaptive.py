@@ -38,6 +38,7 @@ from launch.compose import compose_config  # noqa: E402
 from engine import SamplingParams, build_engine  # noqa: E402
 from engine.report.figures import pyplot, save  # noqa: E402
 from engine.speculative.adaptive.tiers import build_tiers, tier_index  # noqa: E402
+from engine.speculative.candidate import Candidate  # noqa: E402
 
 NATURAL_LANGUAGE = Path(__file__).resolve().parent / "prompts" / "natural_language.txt"
 
@@ -60,8 +61,9 @@ def workload(n: int, wave_size: int, alternate: str) -> list[tuple[str, list[str
 def candidates_for(batch_size: int) -> list[int]:
     """Every step count the shipped tiers offer to a batch of this size or smaller."""
     adaptive = compose_config(["adaptive=throughput"])["adaptive"]
-    tiers = build_tiers(adaptive["tiers"], 0)
-    return sorted({k for t in tiers[: tier_index(tiers, batch_size) + 1] for k in t.candidates})
+    tiers = build_tiers(adaptive["tiers"], Candidate(0))
+    return sorted({c.num_steps for t in tiers[: tier_index(tiers, batch_size) + 1] for c in t.candidates
+                   if c.is_configured_chain})
 
 
 class Contender:
@@ -99,7 +101,7 @@ class Contender:
         controller = self.engine.worker.controller if hasattr(self.engine.worker, "controller") else None
         if controller is None:
             return []
-        return [[getattr(choice, "num_steps", choice), cycles] for choice, cycles in controller.history]
+        return [[choice.num_steps, cycles] for choice, cycles in controller.history]
 
     def row(self) -> dict:
         metrics, base = self.engine.metrics(), self.base

@@ -20,6 +20,15 @@ from trained_heads import train_heads  # noqa: E402
 
 PLAIN = ["speculative=none", "draft=none"]  # the default config speculates with the shipped heads
 
+# the code prompts of the lossless checks, for every module without a reason for prompts of its own
+PROMPTS = ["def add(a, b):", "import os", "class Point:\n    def __init__(self, x, y):", "for", "x = [1, 2, 3]"]
+# a batch of 16 (PROMPTS first) for the checks at full batch: greedy and seeded sampled requests side
+# by side, every one of which must emit plain decoding's tokens
+PROMPTS_16 = [*PROMPTS, "while True:", "print(", "return self", "# a comment\n", "if x > 0:", "try:\n    ",
+              "with open(", "lambda x:", "from typing import", "@property\ndef", "async def fetch("]
+PARAMS_16 = [SamplingParams(max_new_tokens=24, ignore_eos=True, temperature=t, top_p=p, seed=i)
+             for i, (t, p) in enumerate([(0.0, 1.0), (0.8, 1.0), (1.0, 0.9), (0.0, 1.0)] * 4)]
+
 # name -> write_llama kwargs. `gqa` and `tied_llama3` are the oracle pair of the foundation tests.
 CHECKPOINTS = {
     "gqa": dict(num_heads=4, num_kv_heads=2, tie=False, rope_theta=500000.0, seed=1),
@@ -97,10 +106,71 @@ def qwen3_spec_pair(checkpoint, tmp_path_factory):
     return target, {"eagle": trained / "eagle", "eagle3": trained / "eagle3"}
 
 
-def plain_token_ids(target, prompts, params) -> list[list[int]]:
-    """Plain greedy decoding of `prompts` on `target`: the reference speculative runs must equal."""
-    with build_engine([*PLAIN, f"model.path={target}"]) as eng:
-        return [o.token_ids for o in eng.generate(prompts, params)]
+DRAFT_KIND = {"eagle": "eagle", "eagle3": "eagle3", "hybrid": "eagle3"}  # the head an algorithm drafts with
+
+
+def engine_overrides(target, algorithm: str = "none", *extra: str, head: Path | str | None = None,
+                     draft: str | None = None, num_steps: int | None = 3, topk: int = 1,
+                     nodes: int | None = None) -> list[str]:
+    """The overrides of an engine over `target` (None: the shipped target), `extra` last.
+
+    algorithm "none": plain decoding. Otherwise speculation by `algorithm` at one fixed candidate
+    (adaptive=off): `num_steps` draft steps, `topk` children per expanded node (1: a chain) and `nodes`
+    tree nodes, the root counted; by default num_steps * topk + 1 (a chain: num_steps + 1), and for the
+    hybrid's trees as many again for its n-gram branches. num_steps=None leaves the shape and the adaptive
+    policy to the algorithm's config and `extra`. `head`: the draft model's directory, an EAGLE head of
+    kind `draft` (by default the algorithm's own, eagle3 for the hybrid) or the standalone drafter's LM;
+    n-gram lookup has none.
+    """
+    overrides = [] if target is None else [f"model.path={target}"]
+    if algorithm == "none":
+        return [*PLAIN, *overrides, *extra]
+    overrides.append(f"speculative={algorithm}")
+    kind = draft or DRAFT_KIND.get(algorithm)
+    if kind is not None:
+        overrides.append(f"draft={kind}")
+    if head is not None:
+        overrides.append(f"draft.path={head}")
+    if num_steps is not None:
+        if nodes is None:
+            nodes = num_steps * topk + 1 + (num_steps * topk if algorithm == "hybrid" and topk > 1 else 0)
+        overrides += ["adaptive=off", f"speculative.num_steps={num_steps}", f"speculative.topk={topk}",
+                      f"speculative.num_draft_tokens={nodes}"]
+    return [*overrides, *extra]
+
+
+def run_plain(target, prompts, params, *extra: str) -> list:
+    """Plain decoding of `prompts` (texts, or lists of token ids) on `target`, every KV page free after."""
+    with build_engine(engine_overrides(target, "none", *extra)) as eng:
+        if prompts and not isinstance(prompts, str) and not isinstance(prompts[0], str):
+            outs = eng.generate(prompt_token_ids=prompts, sampling=params)
+        else:
+            outs = eng.generate(prompts, params)
+        assert eng.scheduler.kv.all_free()
+    return outs
+
+
+class PlainReference:
+    """`plain_reference(target, prompts, params, *extra)`: plain decoding's token ids per prompt, the
+    reference speculative runs must equal; `.outputs(...)`: its whole outputs. Each run once a session,
+    keyed on the target's path (None: the shipped target), the prompts, the params and the extra overrides."""
+
+    def __init__(self):
+        self.runs = {}
+
+    def outputs(self, target, prompts, params, *extra: str) -> list:
+        key = (str(target), repr(prompts), repr(params), extra)
+        if key not in self.runs:
+            self.runs[key] = run_plain(target, prompts, params, *extra)
+        return self.runs[key]
+
+    def __call__(self, target, prompts, params, *extra: str) -> list[list[int]]:
+        return [o.token_ids for o in self.outputs(target, prompts, params, *extra)]
+
+
+@pytest.fixture(scope="session")
+def plain_reference() -> PlainReference:
+    return PlainReference()
 
 
 def random_requests_match_plain(target, overrides: list[str], count: int, seed: int, vocab: int = 320) -> None:
@@ -115,11 +185,4 @@ def random_requests_match_plain(target, overrides: list[str], count: int, seed: 
         outs = eng.generate(prompt_token_ids=prompts, sampling=params)
         kv = eng.scheduler.kv
         assert kv.all_free() and (kv.table.table == -1).all()
-    with build_engine([*PLAIN, f"model.path={target}"]) as eng:
-        expected = eng.generate(prompt_token_ids=prompts, sampling=params)
-    assert [o.token_ids for o in outs] == [o.token_ids for o in expected]
-
-
-def spec_overrides(target, head, kind, num_steps, *extra):
-    return [f"model.path={target}", f"draft={kind}", f"draft.path={head}", f"speculative={kind}", "adaptive=off",
-            f"speculative.num_steps={num_steps}", f"speculative.num_draft_tokens={num_steps + 1}", *extra]
+    assert [o.token_ids for o in outs] == [o.token_ids for o in run_plain(target, prompts, params)]

@@ -7,7 +7,7 @@ import pytest
 import torch
 from dependency_injector import providers
 
-from conftest import plain_token_ids, spec_overrides
+from conftest import DRAFT_KIND, PROMPTS, engine_overrides
 from containers.build import build_container
 from launch.compose import compose_config
 from engine import SamplingParams, build_engine
@@ -15,7 +15,6 @@ from engine.request import Request
 from engine.speculative.candidate import Candidate
 from engine.speculative.phase_clock import CATCH_UP_PHASE
 
-PROMPTS = ["def add(a, b):", "import os", "class Point:\n    def __init__(self, x, y):", "for", "x = [1, 2, 3]"]
 # unequal lengths: the batch shrinks 5 -> 1 as requests finish, crossing tiers
 PARAMS = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (60, 24, 44, 12, 52)]
 TIERS = "adaptive.tiers=[{batch_size:2,candidates:[0,1,3,5]},{batch_size:8,candidates:[0,2,4]}]"
@@ -54,62 +53,50 @@ class CyclingPolicy:
         self.cycles += 1
 
 
-@pytest.fixture(scope="module")
-def plain_outputs(spec_pair):
-    return plain_token_ids(spec_pair[0], PROMPTS, PARAMS)
-
-
-def switch_every_cycle(overrides: list[str], plain_outputs):
+def switch_every_cycle(overrides: list[str], plain: list[list[int]]):
     """Generate PROMPTS with the CyclingPolicy in place of the configured one: output equals plain
     decoding's and every KV page is free after. Returns (engine, metrics)."""
     container = build_container(compose_config(overrides))
     container.make_policy.override(providers.Object(CyclingPolicy))
     engine = container.engine()
     outs = engine.generate(PROMPTS, PARAMS)
-    assert [o.token_ids for o in outs] == plain_outputs
+    assert [o.token_ids for o in outs] == plain
     assert engine.scheduler.kv.all_free()
     return engine, engine.metrics()
 
 
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
 @pytest.mark.parametrize("page_size", [1, 16])
-def test_forced_switching_equals_plain(spec_pair, plain_outputs, kind, page_size):
+def test_forced_switching_equals_plain(spec_pair, plain_reference, kind, page_size):
     target, heads = spec_pair
-    _, metrics = switch_every_cycle([*spec_overrides(target, heads[kind], kind, 3, f"cache.page_size={page_size}"),
-                                     "adaptive=ema", TIERS], plain_outputs)
+    _, metrics = switch_every_cycle(engine_overrides(target, kind, f"cache.page_size={page_size}", "adaptive=ema", TIERS,
+                                                     head=heads[kind]), plain_reference(target, PROMPTS, PARAMS))
     # the batch shrinks from 5 (tier 8) to 1-2 (tier 2) as requests finish: both tiers ran
     assert set(metrics["adaptive_cycles_at_steps"]) == {0, 1, 2, 3, 4, 5}
     assert metrics["adaptive_switches"] >= 8
 
 
-def drafter_overrides(target, heads, algorithm: str) -> list[str]:
-    if algorithm in ("eagle", "eagle3"):
-        return spec_overrides(target, heads[algorithm], algorithm, 3)
-    if algorithm == "hybrid":
-        return [f"model.path={target}", "draft=eagle3", f"draft.path={heads['eagle3']}", "speculative=hybrid",
-                "speculative.num_steps=3"]
-    return [f"model.path={target}", f"speculative={algorithm}", "speculative.num_steps=3"]  # ngram
-
-
 @pytest.mark.parametrize("algorithm,page_size", [("eagle", 1), ("eagle3", 16), ("hybrid", 16), ("ngram", 1)])
-def test_forced_switching_between_chains_and_trees_equals_plain(spec_pair, plain_outputs, algorithm, page_size):
+def test_forced_switching_between_chains_and_trees_equals_plain(spec_pair, plain_reference, algorithm, page_size):
     """Tree shapes as candidates: every switch chain <-> tree <-> tree rebinds the shape's prebuilt state,
     and the KV reserved ahead covers the largest tree of any candidate."""
     target, heads = spec_pair
-    engine, metrics = switch_every_cycle([*drafter_overrides(target, heads, algorithm), f"cache.page_size={page_size}",
-                                          "adaptive=throughput", TREE_TIERS], plain_outputs)
+    overrides = engine_overrides(target, algorithm, f"cache.page_size={page_size}", "adaptive=throughput", TREE_TIERS,
+                                 head=heads.get(DRAFT_KIND.get(algorithm)))
+    engine, metrics = switch_every_cycle(overrides, plain_reference(target, PROMPTS, PARAMS))
     assert set(metrics["adaptive_cycles_at_steps"]) == {0, 1, 2, 3} | TREE_LABELS
     assert engine.scheduler.lookahead_tokens == 13  # the 4x4 tree's draft frontiers: (4 - 1) * 4 + 1 columns
 
 
 @pytest.mark.parametrize("algorithm,page_size", [("eagle3", 1), ("eagle", 16), ("hybrid", 1)])
-def test_forced_switching_between_drafters_equals_plain(spec_pair, plain_outputs, algorithm, page_size):
+def test_forced_switching_between_drafters_equals_plain(spec_pair, plain_reference, algorithm, page_size):
     """Other drafters as candidates: every switch between the head's chains and trees, n-gram lookup
     alone and the hybrid rebinds a prebuilt state, and each drafter catches up on what it sat out."""
     target, heads = spec_pair
     tiers, labels = (HYBRID_TIERS, HYBRID_LABELS) if algorithm == "hybrid" else (OTHER_TIERS, OTHER_LABELS)
-    engine, metrics = switch_every_cycle([*drafter_overrides(target, heads, algorithm), f"cache.page_size={page_size}",
-                                          "adaptive=throughput", tiers], plain_outputs)
+    overrides = engine_overrides(target, algorithm, f"cache.page_size={page_size}", "adaptive=throughput", tiers,
+                                 head=heads.get(DRAFT_KIND.get(algorithm)))
+    engine, metrics = switch_every_cycle(overrides, plain_reference(target, PROMPTS, PARAMS))
     assert set(metrics["adaptive_cycles_at_steps"]) == {0, 1, 2, 3} | labels
     assert engine.scheduler.lookahead_tokens == 12  # the widest tree: the hybrid's 12 nodes
 
@@ -122,13 +109,14 @@ FROM_A_TREE = ["speculative.topk=4", "speculative.num_steps=4", "speculative.num
     (FROM_A_TREE, TREE_TIERS, ("3x2/6", "4x4/12")),
     ([], OTHER_TIERS, ("ngram:5", "hybrid:2")),
 ], ids=["trees from a chain", "trees from a tree", "other drafters"])
-def test_throughput_policy_with_other_candidates_is_lossless_greedy_and_sampled(spec_pair, start, tiers, explored):
+def test_throughput_policy_with_other_candidates_is_lossless_greedy_and_sampled(spec_pair, plain_reference, start,
+                                                                                tiers, explored):
     target, heads = spec_pair
-    overrides = [*spec_overrides(target, heads["eagle3"], "eagle3", 3), *start, "adaptive=throughput", tiers,
-                 "adaptive.update_interval=2", "adaptive.probe_interval=2"]
+    overrides = engine_overrides(target, "eagle3", *start, "adaptive=throughput", tiers, "adaptive.update_interval=2",
+                                 "adaptive.probe_interval=2", head=heads["eagle3"])
     params = [SamplingParams(max_new_tokens=n, temperature=t, seed=i, ignore_eos=True)
               for i, (n, t) in enumerate(zip((60, 24, 44, 12, 52), (0.0, 1.0, 0.0, 0.8, 1.0)))]
-    plain = plain_token_ids(target, PROMPTS, params)
+    plain = plain_reference(target, PROMPTS, params)
     with build_engine(overrides) as eng:
         outs = eng.generate(PROMPTS, params)
         counts = eng.metrics()["adaptive_cycles_at_steps"]
@@ -137,25 +125,25 @@ def test_throughput_policy_with_other_candidates_is_lossless_greedy_and_sampled(
 
 
 @pytest.mark.parametrize("policy", ["ema", "throughput"])
-def test_shipped_policies_are_lossless(spec_pair, plain_outputs, policy):
+def test_shipped_policies_are_lossless(spec_pair, plain_reference, policy):
     target, heads = spec_pair
-    overrides = [*spec_overrides(target, heads["eagle"], "eagle", 3), f"adaptive={policy}", TIERS,
-                 "adaptive.update_interval=2", "adaptive.warmup_batches=2", "adaptive.probe_interval=2"]
+    overrides = engine_overrides(target, "eagle", f"adaptive={policy}", TIERS, "adaptive.update_interval=2",
+                                 "adaptive.warmup_batches=2", "adaptive.probe_interval=2", head=heads["eagle"])
     with build_engine(overrides) as eng:
         outs = eng.generate(PROMPTS, PARAMS)
         metrics = eng.metrics()
-    assert [o.token_ids for o in outs] == plain_outputs
+    assert [o.token_ids for o in outs] == plain_reference(target, PROMPTS, PARAMS)
     assert metrics["adaptive_switches"] >= 1
 
 
-def test_adaptive_sampling_is_seeded_whatever_the_schedule(spec_pair):
+def test_adaptive_sampling_is_seeded_whatever_the_schedule(spec_pair, plain_reference):
     """The throughput policy's step counts follow wall-clock timings, so two runs take different
     schedules; seeded sampled tokens still equal plain decoding's, run after run."""
     target, heads = spec_pair
-    overrides = [*spec_overrides(target, heads["eagle3"], "eagle3", 3), "adaptive=throughput", TIERS,
-                 "adaptive.update_interval=2"]
+    overrides = engine_overrides(target, "eagle3", "adaptive=throughput", TIERS, "adaptive.update_interval=2",
+                                 head=heads["eagle3"])
     params = SamplingParams(max_new_tokens=24, temperature=1.0, seed=11, ignore_eos=True)
-    plain = plain_token_ids(target, PROMPTS[:3], params)
+    plain = plain_reference(target, PROMPTS[:3], params)
     for _ in range(2):
         with build_engine(overrides) as eng:
             assert [o.token_ids for o in eng.generate(PROMPTS[:3], params)] == plain
@@ -169,7 +157,7 @@ def test_held_draft_extend_equals_running_it_every_iteration(spec_pair):
     target, heads = spec_pair
     results = []
     for replay in (False, True):
-        with build_engine(spec_overrides(target, heads["eagle3"], "eagle3", 3)) as eng:
+        with build_engine(engine_overrides(target, "eagle3", head=heads["eagle3"])) as eng:
             worker = eng.worker
             drafter, head = worker.drafter, worker.drafter.head
             request = Request(0, [0, 5, 9, 14, 3], SamplingParams(max_new_tokens=8))
@@ -198,7 +186,7 @@ def test_held_draft_extend_equals_running_it_every_iteration(spec_pair):
 
 def engine_with_policy(spec_pair, policy, *extra):
     target, heads = spec_pair
-    config = compose_config([*spec_overrides(target, heads["eagle"], "eagle", 3), "adaptive=throughput", TIERS, *extra])
+    config = compose_config(engine_overrides(target, "eagle", "adaptive=throughput", TIERS, *extra, head=heads["eagle"]))
     container = build_container(config)
     container.make_policy.override(providers.Object(policy))
     return container.engine()

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import spec_overrides
+from conftest import engine_overrides
 from containers.adaptive import build_adaptive_runtime_state, build_candidate_states, speculative_scope
 from containers.build import build_container
 from launch.compose import compose_config
@@ -38,7 +38,7 @@ class NoExtendBackend(TorchNativeBackend):
 @pytest.fixture(scope="module")
 def container(spec_pair):
     target, heads = spec_pair
-    c = build_container(compose_config(spec_overrides(target, heads["eagle3"], "eagle3", 3)))
+    c = build_container(compose_config(engine_overrides(target, "eagle3", head=heads["eagle3"])))
     c.spec_worker()
     return c
 
@@ -47,8 +47,8 @@ def container(spec_pair):
 def other_drafters_container(spec_pair):
     """EAGLE-3 configured, with tiers that list other drafters: the worker drafts with the hybrid drafter."""
     target, heads = spec_pair
-    c = build_container(compose_config(spec_overrides(target, heads["eagle3"], "eagle3", 3, "adaptive=throughput",
-                                                      OTHER_TIERS)))
+    c = build_container(compose_config(engine_overrides(target, "eagle3", "adaptive=throughput", OTHER_TIERS,
+                                                        head=heads["eagle3"])))
     c.spec_worker()
     return c
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import PLAIN, spec_overrides
+from conftest import engine_overrides
 from containers.cache import CacheContainer
 from engine import SamplingParams, build_engine
 from engine.cache.allocator import PageAllocator
@@ -21,6 +21,7 @@ from engine.stopping import StopChecker
 LIMIT = 64
 AROUND_LIMIT = (62, 63, 64, 65)
 CACHE = [f"cache.max_context_len={LIMIT}", "cache.page_size=16"]
+PARAMS = SamplingParams(max_new_tokens=100, ignore_eos=True)
 
 
 def scheduler_for(lookahead: int, page_size: int = 1) -> Scheduler:
@@ -95,19 +96,7 @@ def prompts_around_the_limit() -> list[list[int]]:
     return [([0] + motif * 8)[:n] for n in (40, *AROUND_LIMIT)]
 
 
-def speculative(target, heads, kind, num_steps, topk=1, nodes=None):
-    """A chain (topk 1) or tree of `kind` over `target`, with the plain engine's cache settings."""
-    nodes = nodes if nodes is not None else num_steps + 1
-    if kind == "ngram":
-        overrides = [f"model.path={target}", "speculative=ngram", "adaptive=off", f"speculative.num_steps={num_steps}",
-                     f"speculative.num_draft_tokens={nodes}"]
-    else:
-        overrides = [o for o in spec_overrides(target, heads[kind], kind, num_steps)
-                     if not o.startswith("speculative.num_draft_tokens=")] + [f"speculative.num_draft_tokens={nodes}"]
-    return [*overrides, f"speculative.topk={topk}", *CACHE]
-
-
-SPECULATIVE = {  # name -> (kind, num_steps, topk, num_draft_tokens)
+SPECULATIVE = {  # name -> (kind, num_steps, topk, num_draft_tokens), with the plain engine's cache settings
     "eagle chain": ("eagle", 3, 1, None),
     "eagle3 chain": ("eagle3", 5, 1, None),
     "eagle tree": ("eagle", 3, 2, 6),
@@ -117,15 +106,10 @@ SPECULATIVE = {  # name -> (kind, num_steps, topk, num_draft_tokens)
 }
 
 
-@pytest.fixture(scope="module")
-def plain_outputs(spec_pair):
-    with build_engine([*PLAIN, f"model.path={spec_pair[0]}", *CACHE]) as eng:
+def test_plain_decoding_admits_prompts_shorter_than_the_limit(spec_pair, plain_reference):
+    with build_engine(engine_overrides(spec_pair[0], "none", *CACHE)) as eng:
         assert eng.scheduler.kv.max_context_len == LIMIT
-        return eng.generate(prompt_token_ids=prompts_around_the_limit(),
-                            sampling=SamplingParams(max_new_tokens=100, ignore_eos=True))
-
-
-def test_plain_decoding_admits_prompts_shorter_than_the_limit(plain_outputs):
+    plain_outputs = plain_reference.outputs(spec_pair[0], prompts_around_the_limit(), PARAMS, *CACHE)
     assert [o.finish_reason for o in plain_outputs] == ["length", "length", "length", "error", "error"]
     assert [len(o.token_ids) for o in plain_outputs[:3]] == [LIMIT - 40, 2, 1]
     for out in plain_outputs[3:]:
@@ -133,16 +117,18 @@ def test_plain_decoding_admits_prompts_shorter_than_the_limit(plain_outputs):
 
 
 @pytest.mark.parametrize("name", list(SPECULATIVE))
-def test_speculation_admits_refuses_and_emits_as_plain_decoding(spec_pair, plain_outputs, name):
+def test_speculation_admits_refuses_and_emits_as_plain_decoding(spec_pair, plain_reference, name):
     target, heads = spec_pair
-    with build_engine(speculative(target, heads, *SPECULATIVE[name])) as eng:
+    kind, num_steps, topk, nodes = SPECULATIVE[name]
+    overrides = engine_overrides(target, kind, *CACHE, head=heads.get(kind), num_steps=num_steps, topk=topk, nodes=nodes)
+    with build_engine(overrides) as eng:
         kv = eng.scheduler.kv
         assert eng.scheduler.lookahead_tokens > 0
         assert kv.max_context_len == eng.stop_checker.max_context_len == LIMIT
         assert kv.table.table.shape[1] == LIMIT + eng.scheduler.lookahead_tokens
-        outs = eng.generate(prompt_token_ids=prompts_around_the_limit(),
-                            sampling=SamplingParams(max_new_tokens=100, ignore_eos=True))
+        outs = eng.generate(prompt_token_ids=prompts_around_the_limit(), sampling=PARAMS)
         assert kv.all_free() and (kv.table.table == -1).all()
+    plain_outputs = plain_reference.outputs(target, prompts_around_the_limit(), PARAMS, *CACHE)
     assert [o.finish_reason for o in outs] == [o.finish_reason for o in plain_outputs]
     assert [o.error for o in outs] == [o.error for o in plain_outputs]
     assert [o.token_ids for o in outs] == [o.token_ids for o in plain_outputs]

@@ -4,25 +4,21 @@
 import pytest
 import torch
 
-from conftest import PLAIN, plain_token_ids, spec_overrides
+from conftest import PLAIN, PROMPTS, engine_overrides
 from engine import ConfigError, SamplingParams, build_engine
-
-PROMPTS = ["def add(a, b):", "import os", "class Point:\n    def __init__(self, x, y):", "for"]
 
 
 @pytest.mark.parametrize("kind,num_steps", [("eagle", 5), ("eagle3", 4)])
-def test_speculation_runs_up_to_max_context_len(spec_pair, kind, num_steps):
+def test_speculation_runs_up_to_max_context_len(spec_pair, plain_reference, kind, num_steps):
     """Requests whose max_new_tokens reach past the context end at it, as in plain decoding, though a
     verify forward writes num_steps positions past the committed length."""
     target, heads = spec_pair
     params = SamplingParams(max_new_tokens=200, ignore_eos=True)
     context = ["cache.max_context_len=40", "cache.page_size=16"]
-    with build_engine([*PLAIN, f"model.path={target}", *context]) as eng:
-        plain = eng.generate(PROMPTS, params)
-    with build_engine(spec_overrides(target, heads[kind], kind, num_steps, *context)) as eng:
-        spec = eng.generate(PROMPTS, params)
+    with build_engine(engine_overrides(target, kind, *context, head=heads[kind], num_steps=num_steps)) as eng:
+        spec = eng.generate(PROMPTS[:4], params)
         assert eng.scheduler.kv.all_free()
-    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
+    assert [o.token_ids for o in spec] == plain_reference(target, PROMPTS[:4], params, *context)
     for out in spec:
         assert out.finish_reason == "length"
         assert len(out.prompt_token_ids) + len(out.token_ids) == 40
@@ -33,12 +29,12 @@ class Boom(RuntimeError):
 
 
 @pytest.mark.parametrize("speculative", [False, True])
-def test_error_inside_generate_leaves_nothing_running(spec_pair, monkeypatch, speculative):
+def test_error_inside_generate_leaves_nothing_running(spec_pair, plain_reference, monkeypatch, speculative):
     target, heads = spec_pair
-    overrides = spec_overrides(target, heads["eagle"], "eagle", 3) if speculative else [*PLAIN, f"model.path={target}"]
+    overrides = engine_overrides(target, "eagle", head=heads["eagle"]) if speculative else engine_overrides(target)
     params = [SamplingParams(max_new_tokens=20, ignore_eos=True), SamplingParams(max_new_tokens=20, temperature=0.9,
                                                                                  seed=4, ignore_eos=True)] * 2
-    expected = plain_token_ids(target, PROMPTS, params)
+    expected = plain_reference(target, PROMPTS[:4], params)
     with build_engine([*overrides, "cache.max_running_requests=2"]) as eng:  # two run, two wait
         runner = eng.worker.target_runner if speculative else eng.worker.runner
         forward, calls = runner.forward, []
@@ -51,11 +47,11 @@ def test_error_inside_generate_leaves_nothing_running(spec_pair, monkeypatch, sp
 
         monkeypatch.setattr(runner, "forward", failing_forward)
         with pytest.raises(Boom):
-            eng.generate(PROMPTS, params)
+            eng.generate(PROMPTS[:4], params)
         assert not eng.scheduler.has_work()
         assert eng.scheduler.kv.all_free()
         monkeypatch.setattr(runner, "forward", forward)
-        again = eng.generate(PROMPTS, params)  # the engine still works, and gives what a fresh one gives
+        again = eng.generate(PROMPTS[:4], params)  # the engine still works, and gives what a fresh one gives
     assert [o.token_ids for o in again] == expected
 
 
@@ -76,12 +72,11 @@ def test_seeds_span_64_bits(gqa_checkpoint):
 
 
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
-def test_one_token_prompts_under_speculation(spec_pair, kind):
+def test_one_token_prompts_under_speculation(spec_pair, plain_reference, kind):
     target, heads = spec_pair
     prompts = [[0], [5], [0, 7, 9]]
     params = SamplingParams(max_new_tokens=12, ignore_eos=True)
-    with build_engine([*PLAIN, f"model.path={target}"]) as eng:
-        plain = [o.token_ids for o in eng.generate(prompt_token_ids=prompts, sampling=params)]
-    with build_engine(spec_overrides(target, heads[kind], kind, 3)) as eng:
+    plain = plain_reference(target, prompts, params)
+    with build_engine(engine_overrides(target, kind, head=heads[kind])) as eng:
         spec = [o.token_ids for o in eng.generate(prompt_token_ids=prompts, sampling=params)]
     assert spec == plain and all(len(t) == 12 for t in spec)

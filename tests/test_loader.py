@@ -157,20 +157,20 @@ def test_published_head_layouts_load(spec_pair, tmp_path):
 ])
 def test_head_that_does_not_fit_the_target_fails_at_build(spec_pair, tmp_path, kind, change, field):
     from checkpoints import write_eagle3_head, write_eagle_head
-    from conftest import spec_overrides
+    from conftest import engine_overrides
 
     target_dir, _ = spec_pair
     writer = write_eagle_head if kind == "eagle" else write_eagle3_head
     head = writer(tmp_path / "head", target_dir, **change)
     with pytest.raises(CheckpointError, match=f"{field} is .* but the target's is"):
-        build_engine(spec_overrides(target_dir, head, kind, 2))
+        build_engine(engine_overrides(target_dir, kind, head=head, num_steps=2))
 
 
 def test_head_of_the_wrong_kind_fails(spec_pair):
-    from conftest import spec_overrides
+    from conftest import engine_overrides
 
     target_dir, heads = spec_pair
-    overrides = spec_overrides(target_dir, heads["eagle"], "eagle3", 2)
+    overrides = engine_overrides(target_dir, "eagle3", head=heads["eagle"], num_steps=2)
     with pytest.raises(CheckpointError, match="not an EAGLE-3 head"):
         build_engine(overrides)
 

@@ -5,15 +5,13 @@ refused, the Triton backend runs them, and EAGLE heads over a Qwen3 target are l
 import pytest
 
 from checkpoints import write_llama
-from conftest import PLAIN, plain_token_ids, spec_overrides
+from conftest import PLAIN, engine_overrides
 from test_loader import copy_checkpoint, edit_config
-from test_oracle import hf_greedy, hf_model
+from test_oracle import ORACLE_PROMPTS, hf_greedy, hf_model
 from engine import CheckpointError, ConfigError, SamplingParams, build_engine
 from engine.models.config import load_model_config
 from engine.models.loader import load_model
 
-PROMPTS = ["def add(a, b):", "import os\nimport sys", "class Point:\n    def __init__(self, x, y):",
-           "for", "The quick brown fox jumps over the lazy dog. The quick brown"]
 FAMILY_CHECKPOINTS = ["qwen2", "qwen3", "mistral"]
 
 
@@ -22,7 +20,7 @@ FAMILY_CHECKPOINTS = ["qwen2", "qwen3", "mistral"]
 def test_triton_backend_equals_transformers(checkpoint, name):
     path = checkpoint(name)
     with build_engine([*PLAIN, f"model.path={path}", "attention=triton", "cache.page_size=16"]) as eng:
-        outs = eng.generate(PROMPTS[:3], SamplingParams(max_new_tokens=16, ignore_eos=True))
+        outs = eng.generate(ORACLE_PROMPTS[:3], SamplingParams(max_new_tokens=16, ignore_eos=True))
     model = hf_model(path)
     for out in outs:
         assert out.token_ids == hf_greedy(model, out.prompt_token_ids, 16)
@@ -109,30 +107,24 @@ def test_missing_qk_norm_is_named(checkpoint, tmp_path):
         load_model(path)
 
 
-@pytest.fixture(scope="module")
-def qwen3_plain(qwen3_spec_pair):
-    return plain_token_ids(qwen3_spec_pair[0], PROMPTS, SamplingParams(max_new_tokens=28, ignore_eos=True))
-
-
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
 @pytest.mark.parametrize("page_size", [1, 16])
-def test_heads_over_a_qwen3_target_are_lossless(qwen3_spec_pair, qwen3_plain, kind, page_size):
+def test_heads_over_a_qwen3_target_are_lossless(qwen3_spec_pair, plain_reference, kind, page_size):
     target, heads = qwen3_spec_pair
-    with build_engine(spec_overrides(target, heads[kind], kind, 3, f"cache.page_size={page_size}")) as eng:
-        outs = eng.generate(PROMPTS, SamplingParams(max_new_tokens=28, ignore_eos=True))
+    params = SamplingParams(max_new_tokens=28, ignore_eos=True)
+    with build_engine(engine_overrides(target, kind, f"cache.page_size={page_size}", head=heads[kind])) as eng:
+        outs = eng.generate(ORACLE_PROMPTS, params)
         metrics = eng.metrics()
         assert eng.scheduler.kv.all_free()
-    assert [o.token_ids for o in outs] == qwen3_plain
+    assert [o.token_ids for o in outs] == plain_reference(target, ORACLE_PROMPTS, params)
     assert 0 < metrics["draft_accept_rate"] < 1  # ragged acceptance: drafts are accepted and rejected
     assert metrics["mean_accept_length"] >= 1.5
 
 
-def test_seeded_sampling_over_a_qwen3_target_equals_plain(qwen3_spec_pair):
+def test_seeded_sampling_over_a_qwen3_target_equals_plain(qwen3_spec_pair, plain_reference):
     target, heads = qwen3_spec_pair
     params = [SamplingParams(max_new_tokens=24, temperature=0.8, top_p=0.95, seed=100 + i, ignore_eos=True)
-              for i in range(len(PROMPTS))]
-    with build_engine([*PLAIN, f"model.path={target}"]) as eng:
-        plain = [o.token_ids for o in eng.generate(PROMPTS, params)]
-    with build_engine(spec_overrides(target, heads["eagle3"], "eagle3", 4)) as eng:
-        spec = [o.token_ids for o in eng.generate(PROMPTS, params)]
-    assert spec == plain
+              for i in range(len(ORACLE_PROMPTS))]
+    with build_engine(engine_overrides(target, "eagle3", head=heads["eagle3"], num_steps=4)) as eng:
+        spec = [o.token_ids for o in eng.generate(ORACLE_PROMPTS, params)]
+    assert spec == plain_reference(target, ORACLE_PROMPTS, params)

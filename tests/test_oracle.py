@@ -10,8 +10,9 @@ from engine import SamplingParams, build_engine
 from engine.forward_batch import ForwardBatch
 from conftest import PLAIN
 
-PROMPTS = ["def add(a, b):", "import os\nimport sys", "class Point:\n    def __init__(self, x, y):",
-           "for", "The quick brown fox jumps over the lazy dog. The quick brown"]
+# compared against transformers: prompts of unequal token lengths (asserted), prose next to code
+ORACLE_PROMPTS = ["def add(a, b):", "import os\nimport sys", "class Point:\n    def __init__(self, x, y):",
+                  "for", "The quick brown fox jumps over the lazy dog. The quick brown"]
 NEW_TOKENS = 40
 OTHER_FAMILIES = ["qwen2", "qwen3", "mistral"]
 
@@ -38,9 +39,9 @@ def hf_greedy(model, prompt_ids: list[int], n: int) -> list[int]:
 def test_greedy_batch_equals_transformers(checkpoint, name, page_size):
     path = checkpoint(name)
     with build_engine([*PLAIN, f"model.path={path}", f"cache.page_size={page_size}", "cache.max_total_tokens=2048"]) as eng:
-        outs = eng.generate(PROMPTS, SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True))
+        outs = eng.generate(ORACLE_PROMPTS, SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True))
     lengths = {len(o.prompt_token_ids) for o in outs}
-    assert len(lengths) == len(PROMPTS), "prompts must have unequal lengths"
+    assert len(lengths) == len(ORACLE_PROMPTS), "prompts must have unequal lengths"
     model = hf_model(path)
     for out in outs:
         assert len(set(out.token_ids)) > NEW_TOKENS // 4, "degenerate fixture: greedy output collapsed"

@@ -4,12 +4,8 @@ import random
 
 import pytest
 
-from conftest import PLAIN, spec_overrides
+from conftest import engine_overrides
 from engine import SamplingParams, build_engine
-
-
-def engine_for(path, *overrides):
-    return build_engine([*PLAIN, f"model.path={path}", *overrides])
 
 
 def test_200_random_requests_through_a_small_pool_all_finish_and_free_every_slot(gqa_checkpoint):
@@ -22,8 +18,8 @@ def test_200_random_requests_through_a_small_pool_all_finish_and_free_every_slot
             stop=rng.choice([[], ["e"], ["\n"]]), ignore_eos=rng.random() < 0.5,
         ))
     total = sum(len(p) + s.max_new_tokens for p, s in zip(prompts, params))
-    with engine_for(gqa_checkpoint, "cache.page_size=16", "cache.max_total_tokens=512",
-                    "cache.max_running_requests=12") as eng:
+    with build_engine(engine_overrides(gqa_checkpoint, "none", "cache.page_size=16", "cache.max_total_tokens=512",
+                                       "cache.max_running_requests=12")) as eng:
         kv = eng.scheduler.kv
         assert kv.capacity_tokens < total / 5
         outs = eng.generate(prompt_token_ids=prompts, sampling=params)
@@ -38,10 +34,10 @@ def test_200_random_requests_through_a_small_pool_all_finish_and_free_every_slot
 def test_waiting_requests_run_later_with_the_same_output(gqa_checkpoint):
     prompts = [[0] + list(range(5, 5 + n)) for n in (3, 9, 14, 6, 11, 2)]
     params = SamplingParams(max_new_tokens=20, ignore_eos=True)
-    with engine_for(gqa_checkpoint, "cache.max_total_tokens=4096") as eng:
+    with build_engine(engine_overrides(gqa_checkpoint, "none", "cache.max_total_tokens=4096")) as eng:
         roomy = [o.token_ids for o in eng.generate(prompt_token_ids=prompts, sampling=params)]
     # two requests at a time: the rest wait in the queue
-    with engine_for(gqa_checkpoint, "cache.max_running_requests=2") as eng:
+    with build_engine(engine_overrides(gqa_checkpoint, "none", "cache.max_running_requests=2")) as eng:
         queued = eng.generate(prompt_token_ids=prompts, sampling=params)
         assert eng.metrics()["forward_steps"] >= 3 * 20
         assert eng.scheduler.kv.all_free()
@@ -56,7 +52,7 @@ def test_requests_preempted_when_the_pool_runs_short_finish_with_the_same_output
     prompts = [[0] + list(range(5, 5 + n)) for n in (3, 9, 14, 6, 11, 2, 7, 5)]
     params = [SamplingParams(max_new_tokens=40, ignore_eos=True, temperature=t, seed=i)
               for i, t in enumerate([0.0, 1.0] * 4)]
-    base = spec_overrides(target, heads["eagle3"], "eagle3", 3) if speculative else [*PLAIN, f"model.path={target}"]
+    base = engine_overrides(target, "eagle3", head=heads["eagle3"]) if speculative else engine_overrides(target)
     with build_engine([*base, "cache.max_total_tokens=4096"]) as eng:
         roomy = [o.token_ids for o in eng.generate(prompt_token_ids=prompts, sampling=params)]
         assert eng.metrics()["preemptions"] == 0
@@ -72,7 +68,7 @@ def test_request_that_can_never_fit_fails_alone(gqa_checkpoint):
     prompts = [[0, 5, 6], [0] + list(range(2, 200)), [0, 7, 8, 9]]
     params = [SamplingParams(max_new_tokens=8, ignore_eos=True), SamplingParams(max_new_tokens=100, ignore_eos=True),
               SamplingParams(max_new_tokens=8, ignore_eos=True)]
-    with engine_for(gqa_checkpoint, "cache.page_size=16", "cache.max_total_tokens=256") as eng:
+    with build_engine(engine_overrides(gqa_checkpoint, "none", "cache.page_size=16", "cache.max_total_tokens=256")) as eng:
         outs = eng.generate(prompt_token_ids=prompts, sampling=params)
         assert eng.scheduler.kv.all_free()
     assert outs[1].finish_reason == "error" and "cache.max_total_tokens" in outs[1].error
@@ -80,7 +76,7 @@ def test_request_that_can_never_fit_fails_alone(gqa_checkpoint):
 
 
 def test_prompt_longer_than_context_and_empty_prompt_fail_alone(gqa_checkpoint):
-    with engine_for(gqa_checkpoint, "cache.max_context_len=32") as eng:
+    with build_engine(engine_overrides(gqa_checkpoint, "none", "cache.max_context_len=32")) as eng:
         outs = eng.generate(prompt_token_ids=[[0] * 40, [], [0, 5]],
                             sampling=SamplingParams(max_new_tokens=50, ignore_eos=True))
     assert outs[0].finish_reason == "error" and "cache.max_context_len" in outs[0].error

@@ -19,8 +19,9 @@ from engine import SamplingParams, build_engine
 from server_process import ServerProcess
 
 MODEL = "target"  # the shipped target's directory name
-PROMPTS = ["def fibonacci(n):", "import numpy as np\n", "class Stack:\n    def push(self, x):", "for i in range(10):",
-           "# sort a list of numbers\n", "def read_file(path):\n    with open(path) as f:"]
+# code prompts for the shipped code model the server runs; what it serves is compared with the offline engine's
+SERVED_PROMPTS = ["def fibonacci(n):", "import numpy as np\n", "class Stack:\n    def push(self, x):",
+                  "for i in range(10):", "# sort a list of numbers\n", "def read_file(path):\n    with open(path) as f:"]
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +66,8 @@ def test_models_health_and_metrics(server, client):
 
 
 def test_greedy_completions_equal_the_offline_engine_streamed_or_not(client, offline):
-    expected = offline_texts(offline, PROMPTS, max_new_tokens=40)
-    for prompt, text in zip(PROMPTS, expected):
+    expected = offline_texts(offline, SERVED_PROMPTS, max_new_tokens=40)
+    for prompt, text in zip(SERVED_PROMPTS, expected):
         done = client.completions.create(model=MODEL, prompt=prompt, max_tokens=40, temperature=0)
         assert done.choices[0].text == text
         assert done.choices[0].finish_reason in ("length", "stop")
@@ -77,14 +78,14 @@ def test_greedy_completions_equal_the_offline_engine_streamed_or_not(client, off
 
 
 def test_unset_fields_take_the_sampling_config(client, offline):
-    done = client.completions.create(model=MODEL, prompt=PROMPTS[0])  # sampling/default: greedy, 128 tokens
-    assert done.choices[0].text == offline_texts(offline, PROMPTS[:1])[0]
+    done = client.completions.create(model=MODEL, prompt=SERVED_PROMPTS[0])  # sampling/default: greedy, 128 tokens
+    assert done.choices[0].text == offline_texts(offline, SERVED_PROMPTS[:1])[0]
 
 
 def test_stop_strings_cut_streamed_and_non_streamed_text_alike(client, offline):
     for stop in (["\n"], ["current", "the"], ["\"\"\""]):
-        expected = offline_texts(offline, PROMPTS[:3], max_new_tokens=60, stop=stop)
-        for prompt, text in zip(PROMPTS[:3], expected):
+        expected = offline_texts(offline, SERVED_PROMPTS[:3], max_new_tokens=60, stop=stop)
+        for prompt, text in zip(SERVED_PROMPTS[:3], expected):
             done = client.completions.create(model=MODEL, prompt=prompt, max_tokens=60, temperature=0, stop=stop)
             streamed, _ = streamed_text(client.completions.create(model=MODEL, prompt=prompt, max_tokens=60,
                                                                   temperature=0, stop=stop, stream=True))
@@ -94,17 +95,17 @@ def test_stop_strings_cut_streamed_and_non_streamed_text_alike(client, offline):
 
 def test_seeded_sampling_repeats_and_equals_the_offline_engine(client, offline):
     params = dict(temperature=0.9, top_p=0.95, seed=1234)
-    expected = offline_texts(offline, PROMPTS[:2], max_new_tokens=30, top_k=50, **params)
-    for prompt, text in zip(PROMPTS[:2], expected):
+    expected = offline_texts(offline, SERVED_PROMPTS[:2], max_new_tokens=30, top_k=50, **params)
+    for prompt, text in zip(SERVED_PROMPTS[:2], expected):
         runs = [client.completions.create(model=MODEL, prompt=prompt, max_tokens=30, extra_body={"top_k": 50},
                                           **params).choices[0].text for _ in range(2)]
         assert runs == [text, text]
 
 
 def test_token_id_prompts(client, offline):
-    ids = offline.tokenizer.encode(PROMPTS[1])
+    ids = offline.tokenizer.encode(SERVED_PROMPTS[1])
     done = client.completions.create(model=MODEL, prompt=ids, max_tokens=20, temperature=0)
-    assert done.choices[0].text == offline_texts(offline, PROMPTS[1:2], max_new_tokens=20)[0]
+    assert done.choices[0].text == offline_texts(offline, SERVED_PROMPTS[1:2], max_new_tokens=20)[0]
 
 
 def test_chat_completions_render_the_template(client, offline):
@@ -167,7 +168,7 @@ def test_wrong_types_unknown_models_and_bad_bodies(server, client):
 
 def test_a_cancelled_stream_frees_its_kv_at_once(server, client):
     aborted = server.metric('eyas_requests_total{finish_reason="abort"}') if "abort" in server.get("/metrics")[1] else 0
-    stream = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=1500, temperature=0, stream=True,
+    stream = client.completions.create(model=MODEL, prompt=SERVED_PROMPTS[0], max_tokens=1500, temperature=0, stream=True,
                                        extra_body={"ignore_eos": True})
     for i, _ in enumerate(stream):
         if i == 2:
@@ -180,7 +181,7 @@ def test_a_cancelled_stream_frees_its_kv_at_once(server, client):
 
 def test_a_non_streaming_client_that_hangs_up_has_its_request_aborted(server):
     aborted = server.metric('eyas_requests_total{finish_reason="abort"}') if "abort" in server.get("/metrics")[1] else 0
-    body = json.dumps({"model": MODEL, "prompt": PROMPTS[2], "max_tokens": 1500, "ignore_eos": True}).encode()
+    body = json.dumps({"model": MODEL, "prompt": SERVED_PROMPTS[2], "max_tokens": 1500, "ignore_eos": True}).encode()
     with socket.create_connection(("127.0.0.1", server.port)) as conn:
         conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
@@ -195,7 +196,7 @@ def test_a_non_streaming_client_that_hangs_up_has_its_request_aborted(server):
 def test_64_concurrent_streaming_clients_some_cancelled(server, offline):
     """Every valid request completes with the offline engine's greedy text; every fourth is dropped
     midway; afterwards no request runs and the KV pool is empty."""
-    prompts = [PROMPTS[i % len(PROMPTS)] + " " * (i % 3) for i in range(64)]
+    prompts = [SERVED_PROMPTS[i % len(SERVED_PROMPTS)] + " " * (i % 3) for i in range(64)]
     lengths = [16 + (i * 7) % 33 for i in range(64)]
     expected = [o.text for o in offline.generate(prompts, [SamplingParams(max_new_tokens=n) for n in lengths])]
 

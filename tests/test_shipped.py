@@ -5,15 +5,17 @@ import json
 import pytest
 from rich.console import Console
 
+from conftest import engine_overrides
 from launch.cli import run
 from launch.compose import compose_config
 from engine import SamplingParams, build_engine
 from engine.assets import asset_path, heldout_files
 
-PROMPTS = ["def fibonacci(n):\n", "import os\nimport sys\n\n", "class Stack:\n    def __init__(self):\n",
-           "    for i, line in enumerate(lines):\n"]
+# the prompts GOLDEN_TAU was recorded on, for the shipped code model
+GOLDEN_PROMPTS = ["def fibonacci(n):\n", "import os\nimport sys\n\n", "class Stack:\n    def __init__(self):\n",
+                  "    for i, line in enumerate(lines):\n"]
 PARAMS = SamplingParams(max_new_tokens=40, ignore_eos=True)
-# tau of the shipped heads on PROMPTS x PARAMS (greedy, deterministic). A change in how drafts are made
+# tau of the shipped heads on GOLDEN_PROMPTS x PARAMS (greedy, deterministic). A change in how drafts are made
 # (features, positions, KV, the draft loop) that costs acceptance shows here even while output stays
 # lossless. Re-record only when the heads are retrained.
 GOLDEN_TAU = {("eagle", 1): 1.798, ("eagle", 2): 2.477, ("eagle", 3): 2.780, ("eagle", 5): 3.553,
@@ -29,23 +31,15 @@ def test_default_run_completes_a_python_prompt_and_prints_tau(tmp_path):
     assert len(result["outputs"][0]["token_ids"]) >= 1
 
 
-@pytest.fixture(scope="module")
-def plain_outputs():
-    with build_engine(["speculative=none", "draft=none"]) as eng:
-        return [o.token_ids for o in eng.generate(PROMPTS, PARAMS)]
-
-
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
 @pytest.mark.parametrize("num_steps", [1, 2, 3, 5])
 @pytest.mark.parametrize("page_size", [1, 16])
-def test_shipped_pair_is_lossless_at_its_recorded_acceptance(plain_outputs, kind, num_steps, page_size):
-    overrides = [f"draft={kind}", f"speculative={kind}", "adaptive=off", f"speculative.num_steps={num_steps}",
-                 f"cache.page_size={page_size}"]
-    with build_engine(overrides) as eng:
-        outs = eng.generate(PROMPTS, PARAMS)
+def test_shipped_pair_is_lossless_at_its_recorded_acceptance(plain_reference, kind, num_steps, page_size):
+    with build_engine(engine_overrides(None, kind, f"cache.page_size={page_size}", num_steps=num_steps)) as eng:
+        outs = eng.generate(GOLDEN_PROMPTS, PARAMS)
         tau = eng.metrics()["mean_accept_length"]
         assert eng.scheduler.kv.all_free()
-    assert [o.token_ids for o in outs] == plain_outputs
+    assert [o.token_ids for o in outs] == plain_reference(None, GOLDEN_PROMPTS, PARAMS)
     assert tau == pytest.approx(GOLDEN_TAU[kind, num_steps], abs=0.05)
 
 

@@ -3,7 +3,7 @@ runner's `attn_backend`; each draft decode step on its own backend; nothing else
 
 import pytest
 
-from conftest import PLAIN, spec_overrides
+from conftest import PLAIN, engine_overrides
 from engine import ConfigError, SamplingParams, build_engine
 from engine.attention.torch_native import TorchNativeBackend
 from engine.speculative import bindings
@@ -63,7 +63,7 @@ def test_factory_rejects_unknown_names():
 @pytest.fixture
 def eagle_engine(spec_pair):
     target, heads = spec_pair
-    with build_engine(spec_overrides(target, heads["eagle"], "eagle", 3)) as eng:
+    with build_engine(engine_overrides(target, "eagle", head=heads["eagle"])) as eng:
         yield eng
 
 
@@ -149,8 +149,7 @@ def test_bindings_snapshot_names_every_binding(eagle_engine):
 
 def test_num_draft_tokens_must_match_num_steps_with_topk_1(spec_pair):
     target, heads = spec_pair
-    overrides = spec_overrides(target, heads["eagle"], "eagle", 3)
-    overrides[-1] = "speculative.num_draft_tokens=6"
+    overrides = engine_overrides(target, "eagle", head=heads["eagle"], nodes=6)
     with pytest.raises(ConfigError, match="num_draft_tokens must equal speculative.num_steps \\+ 1 = 4"):
         build_engine(overrides)
 

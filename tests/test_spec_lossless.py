@@ -5,31 +5,26 @@ import random
 import pytest
 import torch
 
-from conftest import PLAIN, plain_token_ids, spec_overrides
+from conftest import PROMPTS, engine_overrides
 from engine import SamplingParams, build_engine
 from engine.sampling import SamplingBatch
 from engine.speculative.candidate import Candidate
 from engine.speculative.tree import DraftTree
 
-PROMPTS = ["def add(a, b):", "import os", "class Point:\n    def __init__(self, x, y):", "for", "x = [1, 2, 3]"]
 PARAMS = SamplingParams(max_new_tokens=28, ignore_eos=True)
-
-
-@pytest.fixture(scope="module")
-def plain_outputs(spec_pair):
-    return plain_token_ids(spec_pair[0], PROMPTS, PARAMS)
 
 
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
 @pytest.mark.parametrize("num_steps", [1, 2, 3, 5])
 @pytest.mark.parametrize("page_size", [1, 16])
-def test_greedy_speculative_equals_plain(spec_pair, plain_outputs, kind, num_steps, page_size):
+def test_greedy_speculative_equals_plain(spec_pair, plain_reference, kind, num_steps, page_size):
     target, heads = spec_pair
-    with build_engine(spec_overrides(target, heads[kind], kind, num_steps, f"cache.page_size={page_size}")) as eng:
+    overrides = engine_overrides(target, kind, f"cache.page_size={page_size}", head=heads[kind], num_steps=num_steps)
+    with build_engine(overrides) as eng:
         outs = eng.generate(PROMPTS, PARAMS)
         metrics = eng.metrics()
         assert eng.scheduler.kv.all_free()
-    assert [o.token_ids for o in outs] == plain_outputs
+    assert [o.token_ids for o in outs] == plain_reference(target, PROMPTS, PARAMS)
     assert 1.0 <= metrics["mean_accept_length"] <= num_steps + 1
     assert len(metrics["accept_rate_per_position"]) == num_steps
     assert all(o.stats["num_verify_cycles"] > 0 for o in outs)
@@ -40,13 +35,13 @@ def test_greedy_speculative_equals_plain(spec_pair, plain_outputs, kind, num_ste
         assert metrics["mean_accept_length"] >= 1.5
 
 
-def test_zero_steps_is_plain_decoding_through_the_same_worker(spec_pair, plain_outputs):
+def test_zero_steps_is_plain_decoding_through_the_same_worker(spec_pair, plain_reference):
     target, heads = spec_pair
-    with build_engine(spec_overrides(target, heads["eagle"], "eagle", 0)) as eng:
+    with build_engine(engine_overrides(target, "eagle", head=heads["eagle"], num_steps=0)) as eng:
         outs = eng.generate(PROMPTS, PARAMS)
         assert type(eng.worker).__name__ == "SpeculativeWorker"
         assert eng.metrics()["mean_accept_length"] == 1.0
-    assert [o.token_ids for o in outs] == plain_outputs
+    assert [o.token_ids for o in outs] == plain_reference(target, PROMPTS, PARAMS)
 
 
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
@@ -57,11 +52,8 @@ def test_a_tree_of_one_child_per_node_is_the_chain(spec_pair, kind, temperature,
     (the shipped pair's head reads its context, so a draft step that missed an ancestor shows), and
     verifying that chain on the fast path (causal, prefix match) accepts what the general tree path
     (tree mask, tree walk) accepts."""
-    target, heads = spec_pair
-    overrides = spec_overrides(target, heads[kind], kind, 4)
-    if pair == "shipped":
-        overrides = [f"speculative={kind}", "adaptive=off", "speculative.num_steps=4"]
-    with build_engine(overrides) as eng:
+    target, heads = spec_pair if pair == "fixture" else (None, {})  # None: the shipped target and heads
+    with build_engine(engine_overrides(target, kind, head=heads.get(kind), num_steps=4)) as eng:
         requests = eng.submit(PROMPTS, SamplingParams(max_new_tokens=12, temperature=temperature, seed=3))
         for _ in range(3):
             eng.step()
@@ -82,11 +74,10 @@ def test_a_tree_of_one_child_per_node_is_the_chain(spec_pair, kind, temperature,
     assert fast.reach == general.reach == [4] * len(running)
 
 
-def test_stop_inside_accepted_tokens_ends_the_request_there(spec_pair, plain_outputs):
+def test_stop_inside_accepted_tokens_ends_the_request_there(spec_pair, plain_reference):
     target, heads = spec_pair
-    with build_engine([*PLAIN, f"model.path={target}"]) as eng:
-        free = eng.generate(PROMPTS, PARAMS)
-    with build_engine(spec_overrides(target, heads["eagle"], "eagle", 5)) as eng:
+    free = plain_reference.outputs(target, PROMPTS, PARAMS)
+    with build_engine(engine_overrides(target, "eagle", head=heads["eagle"], num_steps=5)) as eng:
         for i, out in enumerate(free):
             for cut in (3, 7, 11):
                 victim = out.token_ids[cut]
@@ -100,7 +91,7 @@ def test_stop_inside_accepted_tokens_ends_the_request_there(spec_pair, plain_out
                     assert got.text == out.text[:out.text.find(stop)]
         for n in (1, 2, 5, 9):
             got = eng.generate(PROMPTS, SamplingParams(max_new_tokens=n, ignore_eos=True))
-            assert [o.token_ids for o in got] == [p[:n] for p in plain_outputs]
+            assert [o.token_ids for o in got] == [o.token_ids[:n] for o in free]
         assert eng.scheduler.kv.all_free()
 
 
@@ -110,8 +101,8 @@ def test_no_kv_leak_after_500_random_requests(spec_pair):
     prompts = [[0] + [rng.randrange(2, 320) for _ in range(rng.randrange(1, 30))] for _ in range(500)]
     params = [SamplingParams(max_new_tokens=rng.randrange(1, 24), temperature=rng.choice([0.0, 0.8]), seed=i,
                              stop=rng.choice([[], ["e"]]), ignore_eos=rng.random() < 0.7) for i in range(500)]
-    with build_engine(spec_overrides(target, heads["eagle"], "eagle", 3, "cache.page_size=16",
-                                     "cache.max_total_tokens=1024", "cache.max_running_requests=24")) as eng:
+    with build_engine(engine_overrides(target, "eagle", "cache.page_size=16", "cache.max_total_tokens=1024",
+                                       "cache.max_running_requests=24", head=heads["eagle"])) as eng:
         outs = eng.generate(prompt_token_ids=prompts, sampling=params)
         assert all(o.finish_reason in ("stop", "length") for o in outs)
         assert all(1 <= len(o.token_ids) <= p.max_new_tokens for o, p in zip(outs, params))
@@ -128,7 +119,7 @@ def test_prefill_fills_the_draft_kv_of_exactly_the_prompt_positions(spec_pair, k
     from engine.request import Request
 
     target, heads = spec_pair
-    with build_engine(spec_overrides(target, heads[kind], kind, 3, "cache.page_size=1")) as eng:
+    with build_engine(engine_overrides(target, kind, "cache.page_size=1", head=heads[kind])) as eng:
         request = Request(0, [0, 5, 9, 14, 3, 8], SamplingParams(max_new_tokens=4))
         eng.scheduler.add(request)
         (req,) = eng.scheduler.schedule()

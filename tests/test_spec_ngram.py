@@ -7,27 +7,20 @@ import random
 
 import pytest
 
-from conftest import PLAIN, plain_token_ids, random_requests_match_plain
+from conftest import PARAMS_16, engine_overrides, random_requests_match_plain
 from engine import ConfigError, SamplingParams, build_engine
 from engine.speculative.drafters.ngram_index import NgramIndex
 from test_cli import run_cli
 
-# code that repeats itself, so the lookup finds matches in the prompt and in the output
-PROMPTS = ["def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):",
+# a batch of 16 prompts of code that repeats itself (unlike conftest's PROMPTS_16), so the lookup finds
+# matches in the prompt and in the output
+REPEATING_PROMPTS = ["def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):",
            "x = [1, 2, 3]\ny = [1, 2, 3]\nz = [", "for i in range(10):\n    print(i)\nfor j in range(",
            "import os", "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.",
            "if x > 0:\n    x = x - 1\nif y > 0:\n    y = y", "while True:", "return self",
            "a = 1\nb = 2\nc = 3\nd =", "print('hello')\nprint('hello')\nprint(", "# a comment\n", "with open(",
            "from typing import List\nfrom typing import", "lambda x: x + 1, lambda y:", "try:\n    ",
            "async def fetch("]
-PARAMS = [SamplingParams(max_new_tokens=24, ignore_eos=True, temperature=t, top_p=p, seed=i)
-          for i, (t, p) in enumerate([(0.0, 1.0), (0.8, 1.0), (1.0, 0.9), (0.0, 1.0)] * 4)]
-
-
-def ngram_overrides(target, num_steps=4, topk=1, nodes=None, *extra):
-    nodes = nodes if nodes is not None else num_steps * topk + 1
-    return [f"model.path={target}", "speculative=ngram", "adaptive=off", f"speculative.num_steps={num_steps}",
-            f"speculative.topk={topk}", f"speculative.num_draft_tokens={nodes}", *extra]
 
 
 def reference_proposals(tokens, min_match, max_match, max_tokens, max_branches):
@@ -65,41 +58,36 @@ def test_index_prefers_the_longest_match_then_the_newest():
     assert NgramIndex([1, 2, 1, 2], 2, 2).propose(5) == [[1, 2]]  # a continuation stops at the end
 
 
-@pytest.fixture(scope="module")
-def plain(spec_pair):
-    return plain_token_ids(spec_pair[0], PROMPTS, PARAMS)
-
-
 @pytest.mark.parametrize("steps,topk,nodes", [(4, 1, None), (6, 1, None), (4, 2, 9), (5, 4, 12)])
-def test_ngram_is_lossless_at_batch_16(spec_pair, plain, steps, topk, nodes):
-    with build_engine(ngram_overrides(spec_pair[0], steps, topk, nodes)) as eng:
-        outs = eng.generate(PROMPTS, PARAMS)
+def test_ngram_is_lossless_at_batch_16(spec_pair, plain_reference, steps, topk, nodes):
+    target = spec_pair[0]
+    with build_engine(engine_overrides(target, "ngram", num_steps=steps, topk=topk, nodes=nodes)) as eng:
+        outs = eng.generate(REPEATING_PROMPTS, PARAMS_16)
         assert eng.metrics()["mean_accept_length"] > 1.0  # the lookup found continuations the target took
         assert eng.scheduler.kv.all_free()
         assert eng.worker.drafter.head is None  # no draft model
-    assert [o.token_ids for o in outs] == plain
+    assert [o.token_ids for o in outs] == plain_reference(target, REPEATING_PROMPTS, PARAMS_16)
 
 
-def test_ngram_on_the_triton_backend_and_one_token_pages(spec_pair):
+def test_ngram_on_the_triton_backend_and_one_token_pages(spec_pair, plain_reference):
     params = [SamplingParams(max_new_tokens=10, ignore_eos=True)] * 3
-    with build_engine([*PLAIN, f"model.path={spec_pair[0]}"]) as eng:
-        expected = [o.token_ids for o in eng.generate(PROMPTS[:3], params)]
+    expected = plain_reference(spec_pair[0], REPEATING_PROMPTS[:3], params)
     for extra, topk in (("attention=triton", 1), ("attention=triton", 2), ("cache.page_size=1", 3)):
-        with build_engine(ngram_overrides(spec_pair[0], 3, topk, None, extra)) as eng:
-            assert [o.token_ids for o in eng.generate(PROMPTS[:3], params)] == expected, (extra, topk)
+        with build_engine(engine_overrides(spec_pair[0], "ngram", extra, topk=topk)) as eng:
+            assert [o.token_ids for o in eng.generate(REPEATING_PROMPTS[:3], params)] == expected, (extra, topk)
 
 
-def test_ngram_under_adaptive_control_is_lossless(spec_pair, plain):
-    overrides = [f"model.path={spec_pair[0]}", "speculative=ngram", "adaptive=throughput"]
-    with build_engine(overrides) as eng:
-        outs = eng.generate(PROMPTS, PARAMS)
+def test_ngram_under_adaptive_control_is_lossless(spec_pair, plain_reference):
+    target = spec_pair[0]
+    with build_engine(engine_overrides(target, "ngram", "adaptive=throughput", num_steps=None)) as eng:
+        outs = eng.generate(REPEATING_PROMPTS, PARAMS_16)
         assert sum(eng.metrics()["adaptive_cycles_at_steps"].values()) > 0
-    assert [o.token_ids for o in outs] == plain
+    assert [o.token_ids for o in outs] == plain_reference(target, REPEATING_PROMPTS, PARAMS_16)
 
 
 def test_no_kv_leak_after_random_requests_with_ngram(spec_pair):
-    overrides = ngram_overrides(spec_pair[0], 5, 2, 9, "cache.page_size=16", "cache.max_total_tokens=1024",
-                                "cache.max_running_requests=24")
+    overrides = engine_overrides(spec_pair[0], "ngram", "cache.page_size=16", "cache.max_total_tokens=1024",
+                                 "cache.max_running_requests=24", num_steps=5, topk=2, nodes=9)
     random_requests_match_plain(spec_pair[0], overrides, 150, seed=5, vocab=40)  # few ids: many repeats
 
 
@@ -130,30 +118,23 @@ def test_ngram_config_errors_name_the_field(spec_pair, override, field):
 
 # --- hybrid: the EAGLE head and n-gram lookup in one drafter ---
 
-def hybrid_overrides(target, head, kind, num_steps=3, topk=1, nodes=None, *extra):
-    nodes = nodes if nodes is not None else num_steps * topk + 1 + (num_steps * topk if topk > 1 else 0)
-    return [f"model.path={target}", "speculative=hybrid", f"draft={kind}", f"draft.path={head}", "adaptive=off",
-            f"speculative.num_steps={num_steps}", f"speculative.topk={topk}", f"speculative.num_draft_tokens={nodes}",
-            *extra]
-
-
 @pytest.mark.parametrize("kind,steps,topk,nodes,trust", [
     ("eagle3", 3, 1, None, 2), ("eagle", 4, 1, None, 1), ("eagle3", 3, 2, None, 2), ("eagle", 4, 4, 14, 3)])
-def test_hybrid_is_lossless_at_batch_16(spec_pair, plain, kind, steps, topk, nodes, trust):
+def test_hybrid_is_lossless_at_batch_16(spec_pair, plain_reference, kind, steps, topk, nodes, trust):
     target, heads = spec_pair
-    with build_engine(hybrid_overrides(target, heads[kind], kind, steps, topk, nodes,
-                                       f"speculative.ngram_trust={trust}")) as eng:
-        outs = eng.generate(PROMPTS, PARAMS)
+    with build_engine(engine_overrides(target, "hybrid", f"speculative.ngram_trust={trust}", head=heads[kind],
+                                       draft=kind, num_steps=steps, topk=topk, nodes=nodes)) as eng:
+        outs = eng.generate(REPEATING_PROMPTS, PARAMS_16)
         assert eng.metrics()["mean_accept_length"] > 1.3
         assert eng.scheduler.kv.all_free()
-    assert [o.token_ids for o in outs] == plain
+    assert [o.token_ids for o in outs] == plain_reference(target, REPEATING_PROMPTS, PARAMS_16)
 
 
-def test_hybrid_runs_the_head_only_where_the_lookup_is_not_trusted(spec_pair, plain):
+def test_hybrid_runs_the_head_only_where_the_lookup_is_not_trusted(spec_pair, plain_reference):
     """Trust 1: cycles where every request's suffix occurred before draft by lookup alone; the head
     drafts the others, after catching up its held draft-extend, and output stays plain decoding's."""
     target, heads = spec_pair
-    overrides = hybrid_overrides(target, heads["eagle3"], "eagle3", 3, 1, None, "speculative.ngram_trust=1")
+    overrides = engine_overrides(target, "hybrid", "speculative.ngram_trust=1", head=heads["eagle3"])
     with build_engine(overrides) as eng:
         proposals, drafts, sat_out = [], [], []
         drafter = eng.worker.drafter
@@ -162,25 +143,26 @@ def test_hybrid_runs_the_head_only_where_the_lookup_is_not_trusted(spec_pair, pl
         drafter.propose = lambda *a, **kw: proposals.append(1) or propose(*a, **kw)
         drafter.head.chain = lambda *a, **kw: drafts.append(1) or draft(*a, **kw)
         deferred.hold = lambda *a, **kw: sat_out.append(kw.get("sat_out", True)) or hold(*a, **kw)
-        outs = eng.generate(PROMPTS, PARAMS)
-        alone = eng.generate(PROMPTS[:1], PARAMS[:1])  # text that repeats, alone: its matches decide
+        outs = eng.generate(REPEATING_PROMPTS, PARAMS_16)
+        alone = eng.generate(REPEATING_PROMPTS[:1], PARAMS_16[:1])  # text that repeats, alone: its matches decide
+    plain = plain_reference(target, REPEATING_PROMPTS, PARAMS_16)
     assert [o.token_ids for o in outs] == plain and alone[0].token_ids == plain[0]
     assert 0 < len(drafts) < len(proposals)
     # the rule's own skips are part of its running cost: not held as sitting out (see `prepare`)
     assert sat_out and not any(sat_out)
 
 
-def test_hybrid_on_triton_and_under_adaptive_control(spec_pair, plain):
+def test_hybrid_on_triton_and_under_adaptive_control(spec_pair, plain_reference):
     target, heads = spec_pair
     params = [SamplingParams(max_new_tokens=10, ignore_eos=True)] * 3
-    with build_engine([*PLAIN, f"model.path={target}"]) as eng:
-        expected = [o.token_ids for o in eng.generate(PROMPTS[:3], params)]
-    with build_engine(hybrid_overrides(target, heads["eagle"], "eagle", 3, 2, None, "attention=triton")) as eng:
-        assert [o.token_ids for o in eng.generate(PROMPTS[:3], params)] == expected
-    overrides = [f"model.path={target}", "speculative=hybrid", "draft=eagle3", f"draft.path={heads['eagle3']}",
-                 "adaptive=throughput"]
+    expected = plain_reference(target, REPEATING_PROMPTS[:3], params)
+    with build_engine(engine_overrides(target, "hybrid", "attention=triton", head=heads["eagle"], draft="eagle",
+                                       topk=2)) as eng:
+        assert [o.token_ids for o in eng.generate(REPEATING_PROMPTS[:3], params)] == expected
+    overrides = engine_overrides(target, "hybrid", "adaptive=throughput", head=heads["eagle3"], num_steps=None)
     with build_engine(overrides) as eng:
-        assert [o.token_ids for o in eng.generate(PROMPTS, PARAMS)] == plain
+        outs = eng.generate(REPEATING_PROMPTS, PARAMS_16)
+    assert [o.token_ids for o in outs] == plain_reference(target, REPEATING_PROMPTS, PARAMS_16)
 
 
 def test_hybrid_from_the_command_line_with_no_other_override(tmp_path):

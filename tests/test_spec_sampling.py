@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from checkpoints import write_eagle_head, write_llama
-from conftest import spec_overrides
+from conftest import engine_overrides
 from engine import SamplingParams, build_engine
 from test_sampling import chi_square_p_value, reference_probs
 
@@ -62,9 +62,8 @@ def test_speculative_sampling_matches_target_distribution(tiny_pair, draft_sampl
     expected = exact_marginals(target, temperature, top_k, top_p)
     params = [SamplingParams(max_new_tokens=3, temperature=temperature, top_k=top_k, top_p=top_p, seed=s,
                              ignore_eos=True) for s in range(NUM_SAMPLES)]
-    overrides = spec_overrides(target, head, "eagle", 2, f"speculative.draft_sampling={draft_sampling}",
-                               "cache.max_running_requests=512", f"speculative.topk={topk}")
-    overrides = [o.replace("num_draft_tokens=3", f"num_draft_tokens={nodes}") for o in overrides]
+    overrides = engine_overrides(target, "eagle", f"speculative.draft_sampling={draft_sampling}",
+                                 "cache.max_running_requests=512", head=head, num_steps=2, topk=topk, nodes=nodes)
     with build_engine(overrides) as eng:
         outs = eng.generate(prompt_token_ids=[PROMPT] * NUM_SAMPLES, sampling=params)
         metrics = eng.metrics()

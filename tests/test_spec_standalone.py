@@ -6,37 +6,24 @@ draft), the command line with no other override, and a draft LM that does not fi
 
 import pytest
 
-from conftest import PLAIN, random_requests_match_plain
+from conftest import PARAMS_16, PROMPTS, PROMPTS_16, engine_overrides, random_requests_match_plain
 from engine import SamplingParams, build_engine
 from engine.assets import asset_path
 from engine.errors import CheckpointError
 from test_spec_ngram import assert_cli_run_equals_plain
-from test_spec_trees import PARAMS, PROMPTS
-
-
-def standalone_overrides(target, draft, num_steps=3, topk=1, nodes=None, *extra):
-    nodes = nodes if nodes is not None else num_steps * topk + 1
-    return [f"model.path={target}", "speculative=standalone", f"draft.path={draft}", "adaptive=off",
-            f"speculative.num_steps={num_steps}", f"speculative.topk={topk}",
-            f"speculative.num_draft_tokens={nodes}", *extra]
-
-
-@pytest.fixture(scope="module")
-def plain(spec_pair):
-    with build_engine([*PLAIN, f"model.path={spec_pair[0]}"]) as eng:
-        return [o.token_ids for o in eng.generate(PROMPTS, PARAMS)]
 
 
 @pytest.mark.parametrize("steps,topk,nodes,draft_sampling", [
     (3, 1, None, "sample"), (5, 1, None, "greedy"), (3, 2, 6, "sample"), (4, 4, 12, "greedy")])
-def test_standalone_is_lossless_at_batch_16(spec_pair, plain, steps, topk, nodes, draft_sampling):
+def test_standalone_is_lossless_at_batch_16(spec_pair, plain_reference, steps, topk, nodes, draft_sampling):
     target = spec_pair[0]  # its own drafter: greedy drafts always right, greedy-drafted samples often wrong
-    overrides = standalone_overrides(target, target, steps, topk, nodes, f"speculative.draft_sampling={draft_sampling}")
+    overrides = engine_overrides(target, "standalone", f"speculative.draft_sampling={draft_sampling}", head=target,
+                                 num_steps=steps, topk=topk, nodes=nodes)
     with build_engine(overrides) as eng:
-        outs = eng.generate(PROMPTS, PARAMS)
+        outs = eng.generate(PROMPTS_16, PARAMS_16)
         assert eng.worker.drafter.head.model.kind == "lm"
         assert eng.scheduler.kv.all_free()
-    assert [o.token_ids for o in outs] == plain
+    assert [o.token_ids for o in outs] == plain_reference(target, PROMPTS_16, PARAMS_16)
 
 
 @pytest.mark.parametrize("steps", [1, 3, 6])
@@ -45,37 +32,38 @@ def test_the_target_as_its_own_drafter_accepts_every_greedy_draft(spec_pair, ste
     a draft KV position left stale or rolled back wrongly would show as a rejected draft."""
     target = spec_pair[0]
     params = [SamplingParams(max_new_tokens=30, ignore_eos=True)] * 4
-    with build_engine(standalone_overrides(target, target, steps)) as eng:
+    with build_engine(engine_overrides(target, "standalone", head=target, num_steps=steps)) as eng:
         eng.generate(PROMPTS[:4], params)
         assert eng.metrics()["draft_accept_rate"] == 1.0
         assert eng.metrics()["mean_accept_length"] == steps + 1
 
 
-def test_standalone_on_the_triton_backend_and_one_token_pages(spec_pair):
+def test_standalone_on_the_triton_backend_and_one_token_pages(spec_pair, plain_reference):
     target = spec_pair[0]
     params = [SamplingParams(max_new_tokens=10, ignore_eos=True, temperature=t, seed=i) for i, t in enumerate([0, 0.9, 0])]
-    with build_engine([*PLAIN, f"model.path={target}"]) as eng:
-        expected = [o.token_ids for o in eng.generate(PROMPTS[:3], params)]
+    expected = plain_reference(target, PROMPTS[:3], params)
     for extra, topk, nodes in (("attention=triton", 1, None), ("attention=triton", 2, 5), ("cache.page_size=1", 2, 6)):
-        overrides = standalone_overrides(target, target, 3, topk, nodes, extra, "speculative.draft_sampling=greedy")
+        overrides = engine_overrides(target, "standalone", extra, "speculative.draft_sampling=greedy", head=target,
+                                     topk=topk, nodes=nodes)
         with build_engine(overrides) as eng:
             assert [o.token_ids for o in eng.generate(PROMPTS[:3], params)] == expected, (extra, topk)
 
 
-def test_standalone_under_adaptive_control_is_lossless(spec_pair, plain):
+def test_standalone_under_adaptive_control_is_lossless(spec_pair, plain_reference):
     target = spec_pair[0]
-    overrides = [f"model.path={target}", "speculative=standalone", f"draft.path={target}", "adaptive=throughput",
-                 "speculative.draft_sampling=greedy"]
+    overrides = engine_overrides(target, "standalone", "adaptive=throughput", "speculative.draft_sampling=greedy",
+                                 head=target, num_steps=None)
     with build_engine(overrides) as eng:
-        outs = eng.generate(PROMPTS, PARAMS)
+        outs = eng.generate(PROMPTS_16, PARAMS_16)
         assert len(eng.metrics()["adaptive_cycles_at_steps"]) > 1  # it ran more than one step count
-    assert [o.token_ids for o in outs] == plain
+    assert [o.token_ids for o in outs] == plain_reference(target, PROMPTS_16, PARAMS_16)
 
 
 def test_no_kv_leak_after_random_requests_with_standalone(spec_pair):
     target = spec_pair[0]
-    overrides = standalone_overrides(target, target, 3, 2, 6, "cache.page_size=16", "cache.max_total_tokens=1024",
-                                     "cache.max_running_requests=24", "speculative.draft_sampling=greedy")
+    overrides = engine_overrides(target, "standalone", "cache.page_size=16", "cache.max_total_tokens=1024",
+                                 "cache.max_running_requests=24", "speculative.draft_sampling=greedy", head=target,
+                                 topk=2, nodes=6)
     random_requests_match_plain(target, overrides, 120, seed=7)
 
 
@@ -85,4 +73,4 @@ def test_standalone_from_the_command_line_with_no_other_override(tmp_path):
 
 def test_a_draft_lm_with_another_vocabulary_is_refused(spec_pair):
     with pytest.raises(CheckpointError, match="vocab_size"):
-        build_engine(standalone_overrides(spec_pair[0], asset_path("draft_lm")))
+        build_engine(engine_overrides(spec_pair[0], "standalone", head=asset_path("draft_lm")))

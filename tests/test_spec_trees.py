@@ -7,78 +7,60 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import PLAIN, plain_token_ids, spec_overrides
+from conftest import PARAMS_16, PROMPTS, PROMPTS_16, engine_overrides
 from engine import ConfigError, SamplingParams, build_engine
 from engine.speculative.candidate import Candidate
 from engine.speculative.tree import DraftTree, ancestor_mask, max_tree_nodes, select_tree
 from engine.speculative.verify import walk_tree
 
-PROMPTS = ["def add(a, b):", "import os", "class Point:\n    def __init__(self, x, y):", "for", "x = [1, 2, 3]",
-           "while True:", "print(", "return self", "# a comment\n", "if x > 0:", "try:\n    ", "with open(",
-           "lambda x:", "from typing import", "@property\ndef", "async def fetch("]
-# greedy and seeded sampled requests side by side: every one must emit plain decoding's tokens
-PARAMS = [SamplingParams(max_new_tokens=24, ignore_eos=True, temperature=t, top_p=p, seed=i)
-          for i, (t, p) in enumerate([(0.0, 1.0), (0.8, 1.0), (1.0, 0.9), (0.0, 1.0)] * 4)]
 SHAPES = [(2, 4, 10), (4, 5, 16), (8, 3, 24)]  # topk, num_steps, num_draft_tokens
-
-
-def tree_overrides(target, head, kind, topk, steps, nodes, *extra):
-    overrides = spec_overrides(target, head, kind, steps, f"speculative.topk={topk}", *extra)
-    return [o.replace(f"num_draft_tokens={steps + 1}", f"num_draft_tokens={nodes}") for o in overrides]
-
-
-@pytest.fixture(scope="module")
-def plain(spec_pair):
-    return plain_token_ids(spec_pair[0], PROMPTS, PARAMS)
 
 
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
 @pytest.mark.parametrize("topk,steps,nodes", SHAPES)
-def test_trees_are_lossless_at_batch_16(spec_pair, plain, kind, topk, steps, nodes):
+def test_trees_are_lossless_at_batch_16(spec_pair, plain_reference, kind, topk, steps, nodes):
     target, heads = spec_pair
-    with build_engine(tree_overrides(target, heads[kind], kind, topk, steps, nodes)) as eng:
-        outs = eng.generate(PROMPTS, PARAMS)
+    with build_engine(engine_overrides(target, kind, head=heads[kind], num_steps=steps, topk=topk, nodes=nodes)) as eng:
+        outs = eng.generate(PROMPTS_16, PARAMS_16)
         assert eng.worker.state.candidate == Candidate(steps, topk, nodes)
         assert eng.metrics()["mean_accept_length"] > 1.3
         assert eng.scheduler.kv.all_free()
-    assert [o.token_ids for o in outs] == plain
+    assert [o.token_ids for o in outs] == plain_reference(target, PROMPTS_16, PARAMS_16)
 
 
 @pytest.mark.parametrize("draft_sampling", ["greedy", "sample"])
-def test_trees_with_one_token_pages_and_either_draft_sampling(spec_pair, plain, draft_sampling):
+def test_trees_with_one_token_pages_and_either_draft_sampling(spec_pair, plain_reference, draft_sampling):
     target, heads = spec_pair
-    overrides = tree_overrides(target, heads["eagle3"], "eagle3", 4, 5, 16, "cache.page_size=1",
-                               f"speculative.draft_sampling={draft_sampling}")
+    overrides = engine_overrides(target, "eagle3", "cache.page_size=1", f"speculative.draft_sampling={draft_sampling}",
+                                 head=heads["eagle3"], num_steps=5, topk=4, nodes=16)
     with build_engine(overrides) as eng:
-        assert [o.token_ids for o in eng.generate(PROMPTS, PARAMS)] == plain
+        outs = eng.generate(PROMPTS_16, PARAMS_16)
+    assert [o.token_ids for o in outs] == plain_reference(target, PROMPTS_16, PARAMS_16)
 
 
-def test_trees_on_the_triton_backend_equal_plain(spec_pair, plain):
+def test_trees_on_the_triton_backend_equal_plain(spec_pair, plain_reference):
     target, heads = spec_pair
-    overrides = tree_overrides(target, heads["eagle"], "eagle", 2, 3, 6, "attention=triton")
+    overrides = engine_overrides(target, "eagle", "attention=triton", head=heads["eagle"], num_steps=3, topk=2, nodes=6)
     params = [SamplingParams(max_new_tokens=10, ignore_eos=True)] * 3
-    with build_engine([*PLAIN, f"model.path={target}"]) as eng:
-        expected = [o.token_ids for o in eng.generate(PROMPTS[:3], params)]
+    expected = plain_reference(target, PROMPTS[:3], params)
     with build_engine(overrides) as eng:
         assert [o.token_ids for o in eng.generate(PROMPTS[:3], params)] == expected
 
 
-def test_no_kv_leak_after_300_random_requests_with_trees(spec_pair):
+def test_no_kv_leak_after_300_random_requests_with_trees(spec_pair, plain_reference):
     target, heads = spec_pair
     rng = random.Random(2)
     prompts = [[0] + [rng.randrange(2, 320) for _ in range(rng.randrange(1, 30))] for _ in range(300)]
     params = [SamplingParams(max_new_tokens=rng.randrange(1, 24), temperature=rng.choice([0.0, 0.8]), seed=i,
                              stop=rng.choice([[], ["e"]]), ignore_eos=rng.random() < 0.7) for i in range(300)]
-    overrides = tree_overrides(target, heads["eagle"], "eagle", 4, 4, 12, "cache.page_size=16",
-                               "cache.max_total_tokens=1024", "cache.max_running_requests=24")
+    overrides = engine_overrides(target, "eagle", "cache.page_size=16", "cache.max_total_tokens=1024",
+                                 "cache.max_running_requests=24", head=heads["eagle"], num_steps=4, topk=4, nodes=12)
     with build_engine(overrides) as eng:
         outs = eng.generate(prompt_token_ids=prompts, sampling=params)
         assert all(o.finish_reason in ("stop", "length") for o in outs)
         kv = eng.scheduler.kv
         assert kv.all_free() and (kv.table.table == -1).all()
-    with build_engine([*PLAIN, f"model.path={target}"]) as eng:
-        expected = eng.generate(prompt_token_ids=prompts, sampling=params)
-    assert [o.token_ids for o in outs] == [o.token_ids for o in expected]
+    assert [o.token_ids for o in outs] == plain_reference(target, prompts, params)
 
 
 # ---- the parts ----
@@ -186,9 +168,9 @@ def test_on_the_shipped_pair_a_tree_accepts_more_per_cycle_than_the_chain():
 
     prompts = [p for p in Path(asset_path("prompts")).read_text().splitlines() if p.strip()][:4]
     taus = {}
-    for name, overrides in (("chain", ["speculative.num_steps=5"]),
-                            ("tree", ["speculative.topk=4", "speculative.num_steps=5", "speculative.num_draft_tokens=16"])):
-        with build_engine(["adaptive=off", *overrides]) as eng:
+    for name, overrides in (("chain", engine_overrides(None, "eagle3", num_steps=5)),
+                            ("tree", engine_overrides(None, "eagle3", num_steps=5, topk=4, nodes=16))):
+        with build_engine(overrides) as eng:
             eng.generate(prompts, SamplingParams(max_new_tokens=48))
             taus[name] = eng.metrics()["mean_accept_length"]
     assert taus["tree"] > 1.12 * taus["chain"], taus
@@ -203,8 +185,8 @@ def test_every_tree_node_is_among_the_top_children_of_its_parent_drafted_along_i
     from engine.sampling import SamplingBatch
 
     topk = 3
-    with build_engine([f"speculative={kind}", "adaptive=off", "speculative.num_steps=5", f"speculative.topk={topk}",
-                       "speculative.num_draft_tokens=40", "speculative.tree_score_temperature=0.1"]) as eng:
+    with build_engine(engine_overrides(None, kind, "speculative.tree_score_temperature=0.1", num_steps=5, topk=topk,
+                                       nodes=40)) as eng:
         requests = eng.submit(["def fibonacci(n):", "import os\nimport sys\n", "class Stack:\n    def push(self, x):",
                                "for i in range(10):"], SamplingParams(max_new_tokens=40))
         for _ in range(3):

@@ -1,21 +1,19 @@
 """Each request ends on its own stop: eos, stop string, max_new_tokens."""
 
 from engine import SamplingParams, build_engine
-from conftest import PLAIN
-
-PROMPTS = ["def add(a, b):", "import os", "class Point:", "for i in"]
+from conftest import PLAIN, PROMPTS
 
 
 def test_stop_conditions(gqa_checkpoint):
     with build_engine([*PLAIN, f"model.path={gqa_checkpoint}"]) as eng:
-        free = eng.generate(PROMPTS, SamplingParams(max_new_tokens=30, ignore_eos=True))
+        free = eng.generate(PROMPTS[:4], SamplingParams(max_new_tokens=30, ignore_eos=True))
         eos = eng.stop_checker.eos_token_ids
         assert eos == {1}  # from config.json
 
         # eos: pick a token the free run emits and declare it eos for this engine
         victim = free[0].token_ids[5]
         eng.stop_checker.eos_token_ids = frozenset({victim})
-        by_eos = eng.generate(PROMPTS, SamplingParams(max_new_tokens=30))
+        by_eos = eng.generate(PROMPTS[:4], SamplingParams(max_new_tokens=30))
         first = free[0].token_ids.index(victim)
         assert by_eos[0].token_ids == free[0].token_ids[:first + 1]
         assert by_eos[0].finish_reason == "stop"
@@ -26,7 +24,7 @@ def test_stop_conditions(gqa_checkpoint):
         # stop string: a piece of the free run's text
         text = free[2].text
         stop = text[10:13]
-        by_stop = eng.generate(PROMPTS, [SamplingParams(max_new_tokens=30, ignore_eos=True, stop=[stop])
+        by_stop = eng.generate(PROMPTS[:4], [SamplingParams(max_new_tokens=30, ignore_eos=True, stop=[stop])
                                          if i == 2 else SamplingParams(max_new_tokens=7, ignore_eos=True)
                                          for i in range(4)])
         cut = text.find(stop)
@@ -59,8 +57,8 @@ def test_late_stop_strings_end_at_the_earliest_match(gqa_checkpoint):
 
 def test_stop_string_at_the_very_start_of_the_output(gqa_checkpoint):
     with build_engine([*PLAIN, f"model.path={gqa_checkpoint}"]) as eng:
-        free = eng.generate(PROMPTS, SamplingParams(max_new_tokens=12, ignore_eos=True))
-        for out, prompt in zip(free, PROMPTS):
+        free = eng.generate(PROMPTS[:4], SamplingParams(max_new_tokens=12, ignore_eos=True))
+        for out, prompt in zip(free, PROMPTS[:4]):
             stop = out.text[:2]
             if not stop:
                 continue

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import PLAIN, spec_overrides
+from conftest import PLAIN, PROMPTS, engine_overrides
 from engine import ConfigError, SamplingParams, build_engine
 from engine.attention.torch_native import TorchNativeBackend
 from engine.attention.triton import TritonBackend
@@ -137,9 +137,8 @@ def test_custom_tree_mask_on_the_batch_is_used():
 
 # ---- end to end: greedy output equals torch_native's ----
 
-PROMPTS = ["def add(a, b):", "import os\nimport sys"]
+FAST_PROMPTS = PROMPTS[:2]  # two prompts, 8 tokens: by default the kernels run interpreted on the CPU
 PARAMS = SamplingParams(max_new_tokens=8, ignore_eos=True)
-SLOW_PROMPTS = [*PROMPTS, "class Point:\n    def __init__(self, x, y):", "for", "x = [1, 2, 3]"]
 SLOW_PARAMS = SamplingParams(max_new_tokens=28, ignore_eos=True)
 
 
@@ -150,59 +149,42 @@ def generate(overrides, prompts, params):
     return [o.token_ids for o in outs]
 
 
-@pytest.fixture(scope="module")
-def native_plain(gqa_checkpoint):
-    return generate([*PLAIN, f"model.path={gqa_checkpoint}"], PROMPTS, PARAMS)
-
-
-@pytest.fixture(scope="module")
-def native_bigram(spec_pair):
-    target, _ = spec_pair
-    return generate([*PLAIN, f"model.path={target}"], PROMPTS, PARAMS)
-
-
-def test_plain_greedy_equals_torch_native(gqa_checkpoint, native_plain):
-    with build_engine([*PLAIN, f"model.path={gqa_checkpoint}", "attention=triton"]) as eng:
+def test_plain_greedy_equals_torch_native(gqa_checkpoint, plain_reference):
+    with build_engine(engine_overrides(gqa_checkpoint, "none", "attention=triton")) as eng:
         assert type(eng.worker.runner.attn_backend) is TritonBackend
-        outs = [o.token_ids for o in eng.generate(PROMPTS, PARAMS)]
-    assert outs == native_plain
+        outs = [o.token_ids for o in eng.generate(FAST_PROMPTS, PARAMS)]
+    assert outs == plain_reference(gqa_checkpoint, FAST_PROMPTS, PARAMS)
 
 
 @pytest.mark.parametrize("kind,num_steps", [("eagle", 3), ("eagle3", 2)])
-def test_speculative_greedy_equals_torch_native_plain(spec_pair, native_bigram, kind, num_steps):
+def test_speculative_greedy_equals_torch_native_plain(spec_pair, plain_reference, kind, num_steps):
     target, heads = spec_pair
-    with build_engine(spec_overrides(target, heads[kind], kind, num_steps, "attention=triton")) as eng:
+    with build_engine(engine_overrides(target, kind, "attention=triton", head=heads[kind], num_steps=num_steps)) as eng:
         head = eng.worker.drafter.head
         assert type(head.runner.attn_backend) is TritonBackend
-        assert type(eng.worker.verify_backend) is TritonBackend
+        assert type(eng.worker.state.verify_backend) is TritonBackend
         assert all(type(b) is TritonBackend for b in eng.worker.state.draft_decode_backend.backends)
-        outs = eng.generate(PROMPTS, PARAMS)
+        outs = eng.generate(FAST_PROMPTS, PARAMS)
         assert eng.metrics()["mean_accept_length"] >= 1.0
-    assert [o.token_ids for o in outs] == native_bigram
+    assert [o.token_ids for o in outs] == plain_reference(target, FAST_PROMPTS, PARAMS)
 
 
-def test_triton_draft_backend_under_a_torch_native_target(spec_pair, native_bigram):
+def test_triton_draft_backend_under_a_torch_native_target(spec_pair, plain_reference):
     target, heads = spec_pair
-    overrides = spec_overrides(target, heads["eagle"], "eagle", 3, "speculative.draft_attention_backend=triton")
+    overrides = engine_overrides(target, "eagle", "speculative.draft_attention_backend=triton", head=heads["eagle"])
     with build_engine(overrides) as eng:
         assert type(eng.worker.drafter.head.runner.attn_backend) is TritonBackend
-        assert type(eng.worker.verify_backend) is TorchNativeBackend
-        outs = [o.token_ids for o in eng.generate(PROMPTS, PARAMS)]
-    assert outs == native_bigram
+        assert type(eng.worker.state.verify_backend) is TorchNativeBackend
+        outs = [o.token_ids for o in eng.generate(FAST_PROMPTS, PARAMS)]
+    assert outs == plain_reference(target, FAST_PROMPTS, PARAMS)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("name", ["gqa", "tied_llama3", "linear_bias"])
 def test_plain_greedy_equals_torch_native_sweep(checkpoint, name, page_size):
-    base = [*PLAIN, f"model.path={checkpoint(name)}", f"cache.page_size={page_size}"]
-    assert generate([*base, "attention=triton"], SLOW_PROMPTS, SLOW_PARAMS) == generate(base, SLOW_PROMPTS, SLOW_PARAMS)
-
-
-@pytest.fixture(scope="module")
-def native_bigram_slow(spec_pair):
-    target, _ = spec_pair
-    return generate([*PLAIN, f"model.path={target}"], SLOW_PROMPTS, SLOW_PARAMS)
+    base = engine_overrides(checkpoint(name), "none", f"cache.page_size={page_size}")
+    assert generate([*base, "attention=triton"], PROMPTS, SLOW_PARAMS) == generate(base, PROMPTS, SLOW_PARAMS)
 
 
 @pytest.mark.slow
@@ -213,10 +195,10 @@ def native_bigram_slow(spec_pair):
                          ids=["triton", "triton_page1", "triton_decode_mode", "draft_triton", "draft_decode_triton"])
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
 @pytest.mark.parametrize("num_steps", [1, 3, 5])
-def test_speculative_greedy_equals_torch_native_plain_sweep(spec_pair, native_bigram_slow, kind, num_steps, extra):
+def test_speculative_greedy_equals_torch_native_plain_sweep(spec_pair, plain_reference, kind, num_steps, extra):
     target, heads = spec_pair
-    overrides = spec_overrides(target, heads[kind], kind, num_steps, *extra)
-    assert generate(overrides, SLOW_PROMPTS, SLOW_PARAMS) == native_bigram_slow
+    overrides = engine_overrides(target, kind, *extra, head=heads[kind], num_steps=num_steps)
+    assert generate(overrides, PROMPTS, SLOW_PARAMS) == plain_reference(target, PROMPTS, SLOW_PARAMS)
 
 
 # ---- without CUDA or the interpreter ----
