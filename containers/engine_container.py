@@ -44,17 +44,21 @@ class EngineContainer(containers.DeclarativeContainer):
 
     sampler = Singleton(Sampler)
     req_to_token = cache.req_to_token.provided.table
+    graph_settings = Singleton(factories.graph_settings_for, config.graphs, models.device)
     speculative = providers.Container(
         SpeculativeContainer, config=config, device=models.device, target_model=models.target_model,
         num_pages=cache.num_pages, req_to_token=req_to_token, verify_backend=target_attention_backend,
-        sampler=sampler,
+        sampler=sampler, graph_settings=graph_settings, target_pool=cache.target_pool,
     )
     # the target captures the layers the draft head reads, told when it is built
     target_runner = Singleton(
         ModelRunner, model=models.target_model, kv_pool=cache.target_pool, attn_backend=target_attention_backend,
         capture_layers=speculative.capture_layers,
     )
-    decode_worker = Singleton(DecodeWorker, runner=target_runner, req_to_token=req_to_token, sampler=sampler)
+    decode_graph = Singleton(factories.graph_runner, graph_settings, models.target_model, cache.target_pool,
+                             req_to_token, "decode")
+    decode_worker = Singleton(DecodeWorker, runner=target_runner, req_to_token=req_to_token, sampler=sampler,
+                              graph=decode_graph)
     spec_worker = Singleton(
         SpeculativeWorker, target_runner=target_runner, drafter=speculative.drafter, req_to_token=req_to_token,
         sampler=sampler, initial_state=speculative.runtime_state,
@@ -101,4 +105,5 @@ class EngineContainer(containers.DeclarativeContainer):
     engine = Singleton(
         Engine, tokenizer=models.tokenizer, scheduler=scheduler, worker=worker, stop_checker=stop_checker,
         default_sampling=default_sampling, seed=config.seed, device=models.device,
+        warmup_graphs=providers.Callable(factories.warms_graphs, graph_settings, config.graphs.warmup),
     )

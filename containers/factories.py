@@ -6,6 +6,8 @@ import torch
 
 from engine.cache.kv_pool import PagedKVPool
 from engine.errors import ConfigError
+from engine.graphs.graph_runner import GraphRunner
+from engine.graphs.settings import GraphSettings, graph_settings
 from engine.models.config import DTYPES
 from engine.sampling_params import SamplingParams
 from engine.speculative.candidate import Candidate, parse_candidate, sorted_candidates
@@ -157,3 +159,20 @@ def model_dtype_of(model) -> torch.dtype:
 def draft_kv_pool(draft, num_pages: int, page_size: int, device: torch.device) -> PagedKVPool:
     cfg = draft.config  # EAGLE heads: one layer; a standalone LM: all of its layers
     return PagedKVPool(getattr(draft, "num_kv_layers", 1), num_pages, page_size, cfg.num_key_value_heads, cfg.head_dim, model_dtype_of(draft), device)
+
+
+def graph_settings_for(graphs: dict, device: torch.device) -> GraphSettings:
+    return graph_settings(graphs, device.type)
+
+
+def graph_runner(settings: GraphSettings, model, kv_pool: PagedKVPool, req_to_token: torch.Tensor, phase: str,
+                 capture_layers: tuple[int, ...] = ()) -> GraphRunner | None:
+    """A runner of `phase`'s forwards as graphs; None when graphs are off (the phase runs eager)."""
+    if not settings.enabled:
+        return None
+    return GraphRunner(model, kv_pool, req_to_token, settings, phase, capture_layers)
+
+
+def warms_graphs(settings: GraphSettings, warmup: bool) -> bool:
+    """Whether the engine compiles its graphs when it starts (graphs on, and `graphs.warmup`)."""
+    return settings.enabled and warmup

@@ -28,6 +28,8 @@ class SpeculativeContainer(containers.DeclarativeContainer):
     req_to_token = providers.Dependency()  # the shared request-to-token tensor
     verify_backend = providers.Dependency()  # builds a fresh target attention backend per call
     sampler = providers.Dependency()
+    graph_settings = providers.Dependency()
+    target_pool = providers.Dependency()
 
     # the candidate a runtime state is built for; adaptive speculation overrides it in a scope
     candidate = providers.Factory(
@@ -97,8 +99,18 @@ class SpeculativeContainer(containers.DeclarativeContainer):
         VerifyBuffers, max_requests=config.cache.max_running_requests,
         num_draft_tokens=candidate.provided.num_draft_tokens, device=device,
     )
+    # the target's verify forwards as graphs (None: eager)
+    verify_graph = providers.Factory(
+        factories.graph_runner, graph_settings, target_model, target_pool, req_to_token, "verify", capture_layers,
+    )
+    # the draft model's step forwards as graphs (None: eager, or no draft model)
+    draft_graph = providers.Selector(
+        providers.Callable(factories.draft_backends_of, config.speculative.algorithm, candidate),
+        head=providers.Factory(factories.graph_runner, graph_settings, draft_model, draft_pool, req_to_token, "draft"),
+        none=providers.Object(None),
+    )
     # everything that depends on the candidate, built fresh on each call
     runtime_state = providers.Factory(
         SpecRuntimeState.create, candidate=candidate, backend_factory=backend_factory, verify_backend=verify_backend,
-        verify_buffers=verify_buffers,
+        verify_buffers=verify_buffers, verify_graph=verify_graph, draft_graph=draft_graph,
     )

@@ -17,7 +17,8 @@ from engine.tokenizer import Tokenizer
 
 class Engine:
     def __init__(self, tokenizer: Tokenizer | None, scheduler: Scheduler, worker, stop_checker: StopChecker,
-                 default_sampling: SamplingParams, seed: int, device: torch.device):
+                 default_sampling: SamplingParams, seed: int, device: torch.device, warmup_graphs: bool = False):
+        """warmup_graphs: compile the worker's graphs now, for every batch size the scheduler may run."""
         self.tokenizer = tokenizer
         self.scheduler = scheduler
         self.worker = worker
@@ -28,6 +29,8 @@ class Engine:
         self._metrics = EngineMetrics()
         self._next_id = 0
         self.closed = False
+        if warmup_graphs:
+            self.worker.warmup_graphs(scheduler.max_running_requests)
 
     def generate(self, prompts: str | list[str] | None = None,
                  sampling: SamplingParams | list[SamplingParams] | None = None,

@@ -29,18 +29,16 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, logits_indices: torch.Tensor | None = None, attn_backend=None,
-                **model_inputs) -> ForwardOutput:
+                graph=None, **model_inputs) -> ForwardOutput:
         """Run the model over `batch`; logits for `logits_indices` (default: each request's last token).
 
-        The forward runs on `self.attn_backend` unless a backend is passed (the draft decode steps
+        The forward runs as `graph` (a `GraphRunner` of this model) when one is passed and the batch
+        fits it; else eagerly on `self.attn_backend`, or on the backend passed (the draft decode steps
         pass their per-step backend; everything else uses the bound one)."""
-        backend = self.attn_backend if attn_backend is None else attn_backend
-        batch.kv_pool = self.kv_pool
-        batch.attn_backend = backend
-        backend.init_forward_metadata(batch)
-        if self.capture_layers:
-            model_inputs["aux_layer_ids"] = self.capture_layers
-        hidden, aux = self.model(batch.input_ids, batch.positions, batch, **model_inputs)
+        if graph is not None and graph.fits(batch):
+            hidden, aux = graph.run(batch, **model_inputs)
+        else:
+            hidden, aux = self._eager(batch, attn_backend, model_inputs)
         if logits_indices is not None:
             last = hidden[logits_indices]
         elif hidden.shape[0] == batch.batch_size:  # one new token per request: every row is a last row
@@ -48,3 +46,12 @@ class ModelRunner:
         else:
             last = hidden[batch.last_token_indices]
         return ForwardOutput(self.model.compute_logits(last), hidden, aux)
+
+    def _eager(self, batch: ForwardBatch, attn_backend, model_inputs: dict) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        backend = self.attn_backend if attn_backend is None else attn_backend
+        batch.kv_pool = self.kv_pool
+        batch.attn_backend = backend
+        backend.init_forward_metadata(batch)
+        if self.capture_layers:
+            model_inputs["aux_layer_ids"] = self.capture_layers
+        return self.model(batch.input_ids, batch.positions, batch, **model_inputs)

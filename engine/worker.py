@@ -13,22 +13,30 @@ from engine.sampling import Sampler, SamplingBatch
 
 
 class DecodeWorker:
-    def __init__(self, runner: ModelRunner, req_to_token: torch.Tensor, sampler: Sampler):
+    def __init__(self, runner: ModelRunner, req_to_token: torch.Tensor, sampler: Sampler, graph=None):
         self.runner = runner
+        self.graph = graph  # the decode GraphRunner (one new token per request); None: eager
         self.req_to_token = req_to_token
         self.sampler = sampler
 
+    @torch.inference_mode()  # every tensor of a step is an inference tensor (graph runners see one kind)
     def step(self, requests: list[Request]) -> list[list[int]]:
         """Return the new tokens of each request (here exactly one)."""
         batch = ForwardBatch.from_tails(
             [r.row for r in requests], [r.uncomputed_ids for r in requests],
             [r.num_computed for r in requests], self.req_to_token,
         )
-        output = self.runner.forward(batch)
+        output = self.runner.forward(batch, graph=self.graph)
         for request in requests:
             request.num_computed = request.seq_len
         sampling = SamplingBatch.of_requests(requests, output.logits.device)
         return self.sampler.sample(output.logits, sampling).tolist()
+
+    def warmup_graphs(self, max_batch_size: int) -> None:
+        """Compile every graph plain decoding can run with batches up to `max_batch_size`."""
+        if self.graph is not None:
+            for batch_size in sorted({1, min(2, max_batch_size)}):
+                self.graph.warmup(batch_size, 1)
 
     def stats(self) -> dict:
         return {}

@@ -154,6 +154,21 @@ class CacheConfig:
     max_context_len: Optional[int] = None  # default: the model's max_position_embeddings
 
 
+class GraphMode(str, Enum):
+    auto = "auto"
+    compile = "compile"
+    eager = "eager"
+
+
+@dataclass
+class GraphsConfig:
+    mode: GraphMode = GraphMode.eager
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
+    max_context: list[int] = field(default_factory=lambda: [256, 512, 1024, 2048, 4096])
+    warmup: bool = True
+    cache_dir: Optional[str] = None
+
+
 @dataclass
 class ChatTemplateConfig:
     """Per-role formats ({content} is the message text), the generation prompt, and turn-ending stops."""
@@ -185,6 +200,7 @@ class Config:
     adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
+    graphs: GraphsConfig = field(default_factory=GraphsConfig)
     device: Device = Device.auto
     num_threads: Optional[int] = None  # CPU threads of torch's kernels; null: torch's default, one per core
     seed: int = 0

@@ -17,7 +17,8 @@ LM as assistant model), eyas (plain decoding), eyas_spec (EAGLE-3, a fixed k = 3
 eyas_adaptive (the default config: EAGLE-3, `adaptive=throughput`), eyas_ngram (`speculative=ngram`: prompt lookup; its lookup
 cost per step is printed), eyas_standalone (`speculative=standalone`: the shipped draft LM),
 eyas_hybrid (`speculative=hybrid`: the EAGLE-3 head and n-gram lookup) and eyas_tree (an EAGLE-3
-tree: topk 4, 5 steps, 16 nodes). The ratios of eyas_ngram and eyas_standalone to transformers'
+tree: topk 4, 5 steps, 16 nodes); eyas_graphs and eyas_adaptive_graphs are eyas and eyas_adaptive with
+`graphs.mode=compile` (compiled when the engine is built, before any timing). The ratios of eyas_ngram and eyas_standalone to transformers'
 prompt lookup and assisted generation are printed too. transformers' prompt lookup and assisted
 generation run at batch 1 only. Needs the optional packages: pip install '.[bench]'.
 """
@@ -48,7 +49,8 @@ from engine.tokenizer import Tokenizer  # noqa: E402
 SYSTEMS = {"ct2": "ct2 plain", "hf": "transformers plain", "hf_lookup": "transformers prompt lookup",
            "hf_assisted": "transformers assisted", "eyas": "eyas plain", "eyas_spec": "eyas EAGLE-3 k=3",
            "eyas_adaptive": "eyas adaptive (default)", "eyas_ngram": "eyas n-gram", "eyas_standalone": "eyas standalone",
-           "eyas_hybrid": "eyas hybrid", "eyas_tree": "eyas EAGLE-3 tree 5x4/16"}
+           "eyas_hybrid": "eyas hybrid", "eyas_tree": "eyas EAGLE-3 tree 5x4/16",
+           "eyas_graphs": "eyas plain, compiled", "eyas_adaptive_graphs": "eyas adaptive (default), compiled"}
 BATCH1_ONLY = {"hf_lookup", "hf_assisted"}
 # every speculative row but the default's runs its configured step count (adaptive=off)
 EYAS_OVERRIDES = {"eyas": ["speculative=none", "draft=none"], "eyas_spec": ["adaptive=off"],
@@ -56,7 +58,9 @@ EYAS_OVERRIDES = {"eyas": ["speculative=none", "draft=none"], "eyas_spec": ["ada
                   "eyas_standalone": ["speculative=standalone", "adaptive=off"],
                   "eyas_hybrid": ["speculative=hybrid", "adaptive=off"],
                   "eyas_tree": ["adaptive=off", "speculative.topk=4", "speculative.num_steps=5",
-                                "speculative.num_draft_tokens=16"]}
+                                "speculative.num_draft_tokens=16"],
+                  "eyas_graphs": ["speculative=none", "draft=none", "graphs.mode=compile"],
+                  "eyas_adaptive_graphs": ["graphs.mode=compile"]}
 # eyas drafters and the transformers peer that drafts the same way: their ratio is printed per batch
 PEERS = {"eyas_ngram": "hf_lookup", "eyas_standalone": "hf_assisted"}
 

@@ -107,6 +107,8 @@ def qwen3_spec_pair(checkpoint, tmp_path_factory):
 
 
 DRAFT_KIND = {"eagle": "eagle", "eagle3": "eagle3", "hybrid": "eagle3"}  # the head an algorithm drafts with
+# EYAS_TEST_GRAPHS=compile: every engine the tests build runs its forwards as graphs
+GRAPHS = [f"graphs.mode={os.environ['EYAS_TEST_GRAPHS']}"] if os.environ.get("EYAS_TEST_GRAPHS") else []
 
 
 def engine_overrides(target, algorithm: str = "none", *extra: str, head: Path | str | None = None,
@@ -122,7 +124,7 @@ def engine_overrides(target, algorithm: str = "none", *extra: str, head: Path | 
     kind `draft` (by default the algorithm's own, eagle3 for the hybrid) or the standalone drafter's LM;
     n-gram lookup has none.
     """
-    overrides = [] if target is None else [f"model.path={target}"]
+    overrides = [*GRAPHS] if target is None else [*GRAPHS, f"model.path={target}"]
     if algorithm == "none":
         return [*PLAIN, *overrides, *extra]
     overrides.append(f"speculative={algorithm}")

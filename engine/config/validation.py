@@ -2,6 +2,7 @@
 error names the field and what is allowed."""
 
 from engine.errors import ConfigError
+from engine.graphs.settings import validate_graphs
 from engine.sampling_params import SamplingParams
 from engine.serve.chat_template import ChatTemplate
 from engine.speculative.candidate import OTHER_DRAFTERS, Candidate, parse_candidate
@@ -36,6 +37,7 @@ def validate(config: dict) -> None:
         _positive(config, "cache", "max_context_len", minimum=2)
 
     SamplingParams(**config["sampling"]).validate("sampling")
+    validate_graphs(config["graphs"])
     threads = config["num_threads"]
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise ConfigError(f"num_threads must be an integer >= 1, or null for one thread per core; got {threads!r}")

@@ -52,7 +52,7 @@ class TargetVerifier:
             batch = ForwardBatch.for_tree(rows, tokens, prefix_lens, prefix[:, None] + tree.depths,
                                           tree.ancestor_mask(), self.req_to_token)
         out = self.target_runner.forward(batch, logits_indices=state.verify_buffers.indices(b, n),
-                                         attn_backend=state.verify_backend)
+                                         attn_backend=state.verify_backend, graph=state.verify_graph)
         offsets = None if tree.is_chain else tree.depths  # a chain's node j sits at depth j
         target = self.sampler.sample(out.logits, sampling, width=n, offsets=offsets)  # [B, N] the target's choices
         if tree.is_chain:

@@ -60,6 +60,7 @@ class SpeculativeWorker:
         self.controller = controller
         return self
 
+    @torch.inference_mode()  # every tensor of a step is an inference tensor (graph runners see one kind)
     def step(self, requests: list[Request]) -> list[list[int]]:
         new = [r for r in requests if r.num_computed == 0]
         running = [r for r in requests if r.num_computed > 0]
@@ -111,6 +112,17 @@ class SpeculativeWorker:
         self.drafter.after_verify(requests, verified, state)
         clock.lap("extend")
         return verified
+
+    def warmup_graphs(self, max_batch_size: int) -> None:
+        """Compile every verify and draft-step graph the runtime states can run with batches up to
+        `max_batch_size` (runners of one model share graphs: one per shape class, whatever the width)."""
+        for state in {id(s): s for s in (self.state, *self.candidate_states.values())}.values():
+            for batch_size in sorted({1, min(2, max_batch_size)}):
+                if state.verify_graph is not None:
+                    state.verify_graph.warmup(batch_size, state.candidate.num_draft_tokens,
+                                              tree=not state.candidate.is_chain)
+                if state.draft_graph is not None and state.candidate.num_steps > 1:  # steps after the first
+                    self.drafter.head.warmup_graph(state.draft_graph, batch_size)
 
     def stats(self) -> dict:
         stats = self.counters.as_dict()

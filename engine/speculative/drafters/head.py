@@ -40,6 +40,17 @@ class DraftHead:
     def target_features(self, hidden: torch.Tensor, aux: list[torch.Tensor]) -> torch.Tensor:
         return self.model.target_features(hidden, aux)
 
+    def _features_input(self, hidden: torch.Tensor) -> dict:
+        """The previous step's hidden as a draft step's features; a standalone LM reads none."""
+        return {} if self.model.kind == "lm" else {"features": hidden}
+
+    def warmup_graph(self, graph, batch_size: int) -> None:
+        """Compile `graph`'s draft-step forward (one token per request) for `batch_size` requests."""
+        with torch.inference_mode():  # as the steps' features are
+            hidden = torch.zeros(batch_size, self.model.config.hidden_size, dtype=self.buffers.hidden.dtype,
+                                 device=self.req_to_token.device)
+        graph.warmup(batch_size, 1, **self._features_input(hidden))
+
     def extend(self, rows: list[int], prefix_lens: list[int], tokens: list[list[int]],
                features: torch.Tensor | None = None) -> None:
         """Run the head over verified rows: request i's row p + j pairs token tokens[i][j] with the
@@ -52,7 +63,7 @@ class DraftHead:
         self.buffers.store(batch.req_rows, out.hidden[batch.last_token_indices], out.logits)  # logits: [B, Vd]
 
     def chain(self, rows: list[int], seq_lens: list[int], sampling: SamplingBatch, num_steps: int,
-              decode_backend: MultiStepDraftBackend | None) -> torch.Tensor:
+              decode_backend: MultiStepDraftBackend | None, graph=None) -> torch.Tensor:
         """Propose `num_steps` tokens (k >= 1) per request after its committed `seq_lens` tokens: drafts [B, k]
         (target ids). Greedy drafting takes the head's argmax; `draft_sampling: sample` lets sampled
         requests draw from the head's filtered distribution with the noise the target's verification
@@ -75,12 +86,12 @@ class DraftHead:
             # draft row L + step pairs the proposal of this step with the previous step's hidden
             batch = ForwardBatch.from_tails(rows, token[:, None], [n + step for n in seq_lens], self.req_to_token)
             backend = decode_backend.backend_for_step(step)
-            out = self.runner.forward(batch, attn_backend=backend, features=hidden)
+            out = self.runner.forward(batch, attn_backend=backend, graph=graph, **self._features_input(hidden))
             hidden, logits = out.hidden, out.logits
         return torch.stack(tokens, dim=1)
 
     def tree(self, rows: list[int], seq_lens: list[int], sampling: SamplingBatch, bonus: torch.Tensor,
-             shape: Candidate, decode_backend: MultiStepDraftBackend | None) -> DraftTree:
+             shape: Candidate, decode_backend: MultiStepDraftBackend | None, graph=None) -> DraftTree:
         """EAGLE-2 dynamic expansion over `shape.num_steps` steps; returns each request's tree of
         `shape.num_draft_tokens` nodes rooted at its pending `bonus` token [B].
 
@@ -133,8 +144,8 @@ class DraftHead:
             table = _path_table(row_prefix, prefix.repeat_interleave(k), path_slots.view(b * k, step))
             batch = ForwardBatch.from_tails(node_rows, self.model.draft_to_target(cand_ids.gather(1, frontier)).view(b * k, 1),
                                             [n + step - 1 for n in seq_lens for _ in range(k)], table)
-            out = self.runner.forward(batch, attn_backend=decode_backend.backend_for_step(step - 1),
-                                            features=frontier_hidden.reshape(b * k, -1))
+            out = self.runner.forward(batch, attn_backend=decode_backend.backend_for_step(step - 1), graph=graph,
+                                      **self._features_input(frontier_hidden.reshape(b * k, -1)))
             step_hidden = out.hidden.view(b, k, -1)  # [B, k, H] the frontier's outputs
             ids, logp = children(out.logits, step)  # [B, k, k]
             scores = (cand_scores.gather(1, frontier)[:, :, None] + logp).view(b, k * k)

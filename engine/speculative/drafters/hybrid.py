@@ -73,7 +73,7 @@ class HybridDrafter:
         head_nodes = max(2, min(max_tree_nodes(candidate.topk, candidate.num_steps), num_nodes - max(grafted)))
         shape = Candidate(candidate.num_steps, candidate.topk, head_nodes)
         tree = self.head.tree(rows, [r.num_computed for r in requests], sampling, bonus, shape,
-                              state.draft_decode_backend)
+                              state.draft_decode_backend, graph=state.draft_graph)
         return graft(tree, branches, min(num_nodes, head_nodes + max(grafted)))
 
     def after_verify(self, requests: list[Request], verified: Verified, state) -> None:

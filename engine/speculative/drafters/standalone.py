@@ -39,9 +39,11 @@ class StandaloneDrafter:
             return DraftTree.chain(bonus, torch.zeros(len(requests), 0, dtype=torch.int64, device=bonus.device))
         rows, after_bonus = self._catch_up(requests)
         if not candidate.is_chain:  # the tree's nodes go to columns past L: not positions
-            return self.head.tree(rows, after_bonus, sampling, bonus, candidate, state.draft_decode_backend)
+            return self.head.tree(rows, after_bonus, sampling, bonus, candidate, state.draft_decode_backend,
+                                  graph=state.draft_graph)
         # feeds the bonus's k - 1 successors at L+1..L+k-1
-        drafts = self.head.chain(rows, after_bonus, sampling, candidate.num_steps, state.draft_decode_backend)
+        drafts = self.head.chain(rows, after_bonus, sampling, candidate.num_steps, state.draft_decode_backend,
+                                 graph=state.draft_graph)
         for request in requests:
             self.computed[request.row] = request.num_computed + candidate.num_steps
         return DraftTree.chain(bonus, drafts)

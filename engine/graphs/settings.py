@@ -1,0 +1,62 @@
+"""GraphSettings: how forwards run as graphs, from the `graphs` config group.
+
+`mode`: `eager` (no graphs), `compile` (inductor-compiled forwards), `auto` (`compile` on CPU, where it
+measured faster than eager; eager on other devices, where graph capture is not built yet).
+`batch_sizes`: batches up to the largest run as graphs, larger ones eager. A compiled forward takes any
+batch size and context (its sizes are symbolic), so nothing is padded; `max_context` bounds the
+context a graph reads (a longer sequence runs eager). `warmup` (read by the containers): compile every
+graph the config can run when the engine starts, instead of on first use. `cache_dir`: inductor's
+on-disk cache, so a second start does not compile again.
+"""
+
+from dataclasses import dataclass
+
+from engine.errors import ConfigError
+
+MODES = ("auto", "compile", "eager")
+
+
+@dataclass(frozen=True)
+class GraphSettings:
+    mode: str = "eager"  # as resolved for the device: compile or eager
+    batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
+    max_context: tuple[int, ...] = (256, 512, 1024, 2048)
+    cache_dir: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "eager"
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.batch_sizes[-1]
+
+
+def _sorted_positive(name: str, values) -> tuple[int, ...]:
+    message = f"graphs.{name} must be a non-empty list of integers >= 1, got {values!r}"
+    if not isinstance(values, (list, tuple)) or not values:
+        raise ConfigError(message)
+    if any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in values):
+        raise ConfigError(message)
+    return tuple(sorted(set(values)))
+
+
+def validate_graphs(graphs: dict) -> None:
+    """Raises ConfigError naming the first `graphs.*` field that is not allowed."""
+    graph_settings(graphs, "cpu")
+
+
+def graph_settings(graphs: dict, device_type: str) -> GraphSettings:
+    """Validated settings of the `graphs` group for a device of `device_type`, `auto` resolved."""
+    mode = graphs["mode"]
+    if mode not in MODES:
+        raise ConfigError(f"graphs.mode must be one of {list(MODES)}, got {mode!r}")
+    if mode == "auto":
+        mode = "compile" if device_type == "cpu" else "eager"
+    if not isinstance(graphs.get("warmup", True), bool):
+        raise ConfigError(f"graphs.warmup must be true or false, got {graphs['warmup']!r}")
+    cache_dir = graphs["cache_dir"]
+    if cache_dir is not None and (not isinstance(cache_dir, str) or not cache_dir):
+        raise ConfigError(f"graphs.cache_dir must be a directory path or null, got {cache_dir!r}")
+    return GraphSettings(mode, _sorted_positive("batch_sizes", graphs["batch_sizes"]),
+                         _sorted_positive("max_context", graphs["max_context"]), cache_dir)
