@@ -56,7 +56,7 @@ class EngineContainer(containers.DeclarativeContainer):
         capture_layers=speculative.capture_layers,
     )
     decode_graph = Singleton(factories.graph_runner, graph_settings, models.target_model, cache.target_pool,
-                             req_to_token, "decode")
+                             req_to_token, "decode", max_width=1)
     decode_worker = Singleton(DecodeWorker, runner=target_runner, req_to_token=req_to_token, sampler=sampler,
                               graph=decode_graph)
     spec_worker = Singleton(

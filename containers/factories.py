@@ -166,11 +166,11 @@ def graph_settings_for(graphs: dict, device: torch.device) -> GraphSettings:
 
 
 def graph_runner(settings: GraphSettings, model, kv_pool: PagedKVPool, req_to_token: torch.Tensor, phase: str,
-                 capture_layers: tuple[int, ...] = ()) -> GraphRunner | None:
+                 capture_layers: tuple[int, ...] = (), max_width: int | None = None) -> GraphRunner | None:
     """A runner of `phase`'s forwards as graphs; None when graphs are off (the phase runs eager)."""
     if not settings.enabled:
         return None
-    return GraphRunner(model, kv_pool, req_to_token, settings, phase, capture_layers)
+    return GraphRunner(model, kv_pool, req_to_token, settings, phase, capture_layers, max_width)
 
 
 def warms_graphs(settings: GraphSettings, warmup: bool) -> bool:

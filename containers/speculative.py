@@ -106,7 +106,8 @@ class SpeculativeContainer(containers.DeclarativeContainer):
     # the draft model's step forwards as graphs (None: eager, or no draft model)
     draft_graph = providers.Selector(
         providers.Callable(factories.draft_backends_of, config.speculative.algorithm, candidate),
-        head=providers.Factory(factories.graph_runner, graph_settings, draft_model, draft_pool, req_to_token, "draft"),
+        head=providers.Factory(factories.graph_runner, graph_settings, draft_model, draft_pool, req_to_token, "draft",
+                               max_width=1),
         none=providers.Object(None),
     )
     # everything that depends on the candidate, built fresh on each call

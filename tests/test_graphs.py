@@ -58,6 +58,12 @@ def test_warmup_compiles_at_start_exactly_the_shapes_the_config_runs(spec_pair):
         assert not eng.worker.state.verify_graph.forward(False).shapes_seen
 
 
+def test_a_prefill_of_equal_prompts_runs_eager(gqa_checkpoint):
+    with build_engine(engine_overrides(gqa_checkpoint, "none", COMPILE)) as eng:
+        eng.generate(prompt_token_ids=[[0, 5, 6, 7]] * 2, sampling=SamplingParams(max_new_tokens=1))  # the prefill only
+        assert eng.worker.graph.num_runs == 0
+
+
 def test_what_a_graph_cannot_run_runs_eager(gqa_checkpoint, plain_reference):
     overrides = engine_overrides(gqa_checkpoint, "none", COMPILE, "graphs.batch_sizes=[2]", "graphs.max_context=[8]")
     with build_engine(overrides) as eng:

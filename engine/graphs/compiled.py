@@ -1,4 +1,4 @@
-"""Inductor-compiled forwards (CPU): one compiled function per (model, pool, captured layers, tree or not),
+"""Inductor-compiled forwards (measured and tested on CPU): one compiled function per (model, pool, captured layers, tree or not),
 shared by every runner of that structure, with symbolic batch, width and context sizes.
 
 A size of 1 is specialised by the compiler, so a structure holds up to four graphs (one request or
@@ -74,7 +74,7 @@ def compiled_forward(model, kv_pool, capture_layers: tuple[int, ...], tree: bool
     key = (id(model), id(kv_pool), tuple(capture_layers), tree)
     compiled = _COMPILED.get(key)
     if compiled is None:
-        if cache_dir is not None:
+        if cache_dir is not None:  # inductor reads it process-wide: the last engine to set it wins
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.abspath(os.path.expanduser(cache_dir))
         compiled = _COMPILED[key] = CompiledForward(model, kv_pool, tuple(capture_layers), tree, max_position)
     return compiled

@@ -16,7 +16,9 @@ from engine.graphs.settings import GraphSettings
 
 class GraphRunner:
     def __init__(self, model, kv_pool, req_to_token: torch.Tensor, settings: GraphSettings, phase: str,
-                 capture_layers: tuple[int, ...] = ()):
+                 capture_layers: tuple[int, ...] = (), max_width: int | None = None):
+        """max_width: the most new tokens per request this phase runs as a graph (decode and draft steps: 1,
+        so a prefill of equal-length prompts stays eager); None: any."""
         if not settings.enabled:
             raise ValueError("a GraphRunner needs graphs.mode=compile")
         self.model = model
@@ -25,6 +27,7 @@ class GraphRunner:
         self.settings = settings
         self.phase = phase
         self.capture_layers = tuple(capture_layers)
+        self.max_width = max_width
         self.num_runs = 0  # forwards this runner ran as a graph (the phase's other forwards ran eager)
         self._forwards: dict[bool, CompiledForward] = {}  # tree or not -> the shared compiled forward (held here)
 
@@ -35,6 +38,7 @@ class GraphRunner:
         width = batch.extend_lens[0]
         return (batch.batch_size <= self.settings.max_batch_size
                 and min(batch.extend_lens) == width == max(batch.extend_lens)
+                and (self.max_width is None or width <= self.max_width)
                 and max(batch.seq_lens) <= self.settings.max_context[-1])
 
     def run(self, batch: ForwardBatch, **model_inputs) -> tuple[torch.Tensor, list[torch.Tensor]]:
