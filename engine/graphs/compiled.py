@@ -1,5 +1,6 @@
-"""Inductor-compiled forwards (measured and tested on CPU): one compiled function per (model, pool, captured layers, tree or not),
-shared by every runner of that structure, with symbolic batch, width and context sizes.
+"""Inductor-compiled forwards (measured and tested on CPU): one compiled function per (model, pool,
+captured layers, tree or not), shared by every runner of that structure, with symbolic batch, width
+and context sizes.
 
 A size of 1 is specialised by the compiler, so a structure holds up to four graphs (one request or
 more, one token each or more); each is compiled on first use and reused for every other size. Guards

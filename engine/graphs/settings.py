@@ -18,10 +18,10 @@ MODES = ("auto", "compile", "eager")
 
 @dataclass(frozen=True)
 class GraphSettings:
-    mode: str = "eager"  # as resolved for the device: compile or eager
-    batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
-    max_context: tuple[int, ...] = (256, 512, 1024, 2048)
-    cache_dir: str | None = None
+    mode: str  # as resolved for the device: compile or eager
+    batch_sizes: tuple[int, ...]  # sorted
+    max_context: tuple[int, ...]  # sorted
+    cache_dir: str | None
 
     @property
     def enabled(self) -> bool:
