@@ -40,6 +40,9 @@ class EngineContainer(containers.DeclarativeContainer):
     target_attention_backend = providers.Factory(
         factories.attention_backend, providers.Object(BACKENDS), config.attention.backend,
         providers.Callable(factories.head_dim_of, models.target_model),
+        providers.Callable(factories.batch_invariant_attention, config.attention.batch_invariant,
+                           config.attention.backend, config.model.quantization, config.graphs.mode,
+                           providers.Callable(factories.model_dtype_of, models.target_model)),
     )
 
     sampler = Singleton(Sampler)

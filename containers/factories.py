@@ -145,11 +145,27 @@ def backend_or_default(name: str | None, default: str) -> str:
     return name or default
 
 
-def attention_backend(backend_classes: dict[str, type], name: str, head_dim: int):
+def attention_backend(backend_classes: dict[str, type], name: str, head_dim: int, batch_invariant: bool = False):
     """A fresh backend of the registered class `name` (backends hold per-batch metadata)."""
     if name not in backend_classes:
         raise ConfigError(f"attention.backend: unknown attention backend {name!r}; allowed: {sorted(backend_classes)}")
-    return backend_classes[name](head_dim)
+    return backend_classes[name](head_dim, batch_invariant=True) if batch_invariant else backend_classes[name](head_dim)
+
+
+def batch_invariant_attention(setting: bool | None, backend: str, quantization: str, graph_mode: str,
+                              dtype: torch.dtype = torch.float32) -> bool:
+    """`attention.batch_invariant`, resolved: null is on for a quantized or half-precision target, whose
+    GEMMs are row-invariant but whose rounding of activations turns the last bit of a batched attention
+    into a different token on near ties; it needs the torch_native backend and eager forwards."""
+    if setting is None:
+        reduced = quantization != "none" or dtype in (torch.bfloat16, torch.float16)
+        return reduced and backend == "torch_native" and graph_mode == "eager"
+    if setting and backend != "torch_native":
+        raise ConfigError(f"attention.batch_invariant=true needs attention.backend=torch_native, got {backend!r}")
+    if setting and graph_mode != "eager":
+        raise ConfigError(f"attention.batch_invariant=true runs eager attention; graphs.mode is {graph_mode!r} "
+                          "(set graphs.mode=eager, or attention.batch_invariant=false)")
+    return bool(setting)
 
 
 def model_dtype_of(model) -> torch.dtype:

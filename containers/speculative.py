@@ -40,7 +40,8 @@ class SpeculativeContainer(containers.DeclarativeContainer):
     draft_model = Singleton(
         load_draft, path=config.draft.path, kind=config.draft.kind, target=target_model,
         dtype=config.draft.dtype, device=device, weight_layout=config.model.weight_layout,
-        target_path=config.model.path,
+        target_path=config.model.path, quantization=config.draft.quantization,
+        quantization_group_size=config.draft.quantization_group_size,
     )
     # the target layers whose input an EAGLE-3 head reads (none for other drafters)
     capture_layers = providers.Selector(

@@ -25,7 +25,7 @@ class ModelRunner:
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        return next(p for p in self.model.parameters() if not p.is_meta).device  # quantized layers release theirs
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, logits_indices: torch.Tensor | None = None, attn_backend=None,

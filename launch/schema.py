@@ -31,6 +31,12 @@ class WeightLayout(str, Enum):
     linear = "linear"
 
 
+class QuantizationScheme(str, Enum):
+    none = "none"
+    int8 = "int8"  # per-channel int8 weights, activations quantized per token (fbgemm)
+    int4 = "int4"  # 4-bit weights in groups of quantization_group_size input features (aten int4pack)
+
+
 class AttentionBackendName(str, Enum):
     torch_native = "torch_native"
     triton = "triton"
@@ -75,6 +81,8 @@ class ModelConfig:
     dtype: DType = DType.auto  # auto = the checkpoint's torch_dtype
     # fused projections stored [in, out] (transposed, x @ W) or [out, in] (linear); auto: timed at load
     weight_layout: WeightLayout = WeightLayout.auto
+    quantization: QuantizationScheme = QuantizationScheme.none  # the target's linear layers, stored at load
+    quantization_group_size: int = 128  # int4: input features per scale and zero point (32, 64, 128, 256)
 
 
 @dataclass
@@ -82,6 +90,8 @@ class DraftConfig:
     kind: DraftKind = DraftKind.none
     path: Optional[str] = None  # a draft head directory in the published EAGLE / EAGLE-3 layout
     dtype: DType = DType.auto  # auto = the target's
+    quantization: QuantizationScheme = QuantizationScheme.none  # the draft's own linear layers
+    quantization_group_size: int = 128
 
 
 @dataclass
@@ -109,6 +119,9 @@ class AttentionConfig:
     backend: AttentionBackendName = AttentionBackendName.torch_native
     prefill_backend: Optional[AttentionBackendName] = None  # extend-like forwards; null = `backend`
     decode_backend: Optional[AttentionBackendName] = None  # one-token forwards; null = `backend`
+    # the target's decode and verify attend one query per call (torch_native), so a verified position is
+    # computed bit for bit as a decode would: null = on for a quantized or half-precision target
+    batch_invariant: Optional[bool] = None
 
 
 @dataclass

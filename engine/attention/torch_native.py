@@ -45,14 +45,27 @@ class TorchNativeMetadata:
         return self.additive_mask
 
 
+@dataclass
+class InvariantMetadata:
+    """Batch-invariant mode: each request's KV gathered on its own, each query attended on its own."""
+    slots: list[torch.Tensor]  # per request: [seq_len] KV slots of its positions
+    keys_of: list[list[torch.Tensor] | None]  # per request: a tree's [keys] positions per node; None: a chain's
+
+
 class TorchNativeBackend:
     name = "torch_native"
 
-    def __init__(self, head_dim: int):
+    def __init__(self, head_dim: int, batch_invariant: bool = False):
         self.scale = head_dim ** -0.5
-        self.metadata: TorchNativeMetadata | None = None
+        # every query of a decode or a verify attends in a call of its own, over exactly the keys it
+        # sees, so its output does not depend on the batch or on the other queries of its request
+        self.batch_invariant = batch_invariant
+        self.metadata: TorchNativeMetadata | InvariantMetadata | None = None
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        if self.batch_invariant:
+            self.metadata = _invariant_metadata(batch)
+            return
         device = batch.input_ids.device
         prefix_lens, extend_lens = batch.prefix_lens, batch.extend_lens
         seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
@@ -82,6 +95,8 @@ class TorchNativeBackend:
 
     def forward(self, q, k, v, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
         # q: [N, Hq, D]; k, v: [N, Hkv, D] -> [N, Hq, D]
+        if self.batch_invariant:
+            return self._forward_invariant(q, k, v, layer_id, batch)
         pool = batch.kv_pool
         meta = self.metadata
         if meta.kv_range is not None:  # the new tokens' slots end the request's contiguous run
@@ -112,6 +127,46 @@ class TorchNativeBackend:
         if meta.dest is None:
             return out.reshape(n, num_heads, head_dim)
         return out.reshape(b * meta.max_q, num_heads, head_dim)[meta.dest]
+
+
+    def _forward_invariant(self, q, k, v, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
+        # a prefill (no prefix) runs causally in one call per request: every run prefills a prompt alike;
+        # a decode or a verify runs one call per query, [1, Hq, 1, D] against [1, Hkv, keys, D]
+        pool, meta = batch.kv_pool, self.metadata
+        pool.store(layer_id, batch.out_cache_loc, k, v)
+        out, start, gqa = torch.empty_like(q), 0, k.shape[1] != q.shape[1]
+        for slots, keys_of, prefix, extend in zip(meta.slots, meta.keys_of, batch.prefix_lens, batch.extend_lens):
+            keys, values = pool.k[layer_id].index_select(0, slots), pool.v[layer_id].index_select(0, slots)
+            if keys.dtype != q.dtype:
+                keys, values = keys.to(q.dtype), values.to(q.dtype)
+            if prefix == 0:
+                out[start:start + extend] = F.scaled_dot_product_attention(
+                    q[start:start + extend].transpose(0, 1)[None], keys.transpose(0, 1)[None],
+                    values.transpose(0, 1)[None], is_causal=True, scale=self.scale, enable_gqa=gqa)[0].transpose(0, 1)
+            else:
+                for j in range(extend):
+                    if keys_of is None:
+                        seen_k, seen_v = keys[:prefix + j + 1], values[:prefix + j + 1]
+                    else:
+                        seen_k, seen_v = keys.index_select(0, keys_of[j]), values.index_select(0, keys_of[j])
+                    out[start + j] = F.scaled_dot_product_attention(
+                        q[start + j][None, :, None], seen_k.transpose(0, 1)[None], seen_v.transpose(0, 1)[None],
+                        scale=self.scale, enable_gqa=gqa)[0, :, 0]
+            start += extend
+        return out
+
+
+def _invariant_metadata(batch: ForwardBatch) -> InvariantMetadata:
+    rows = batch.rows if batch.rows is not None else batch.req_rows.tolist()
+    slots = [batch.req_to_token[row, :p + e].clamp(min=0) for row, p, e in zip(rows, batch.prefix_lens, batch.extend_lens)]
+    keys_of: list[list[torch.Tensor] | None] = [None] * len(rows)
+    if batch.custom_mask is not None:  # a tree: node j sees the prefix, then its ancestors and itself in order
+        n = batch.extend_lens[0]
+        blocks = batch.custom_mask.view(len(rows), n, n).bool()
+        for i, prefix in enumerate(batch.prefix_lens):
+            ancestors = [torch.nonzero(blocks[i, j]).flatten() + prefix for j in range(n)]
+            keys_of[i] = [torch.cat((torch.arange(prefix, device=a.device), a)) for a in ancestors]
+    return InvariantMetadata(slots, keys_of)
 
 
 def _contiguous_run(slots: torch.Tensor) -> tuple[int, int] | None:

@@ -12,6 +12,7 @@ from engine.models.eagle3 import Eagle3DraftModel
 from engine.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 from engine.models.standalone_draft import load_standalone_draft
 from engine.models.loader import assign_state, checkpoint_dir, pack_for_inference, read_tensors, resolve_dtype
+from engine.models.weight_formats import Quantization, check_quantization
 
 # heads are one Llama decoder layer whatever their target's family
 EAGLE3_ARCHITECTURES = {"LlamaForCausalLMEagle3": LLAMA}
@@ -68,13 +69,17 @@ def _build_eagle3(directory: Path, raw: dict, config: ModelConfig, tensors: dict
 
 def load_draft(path: str | Path, kind: str, target: LlamaForCausalLM, dtype: str = "auto",
                device: str | torch.device = "cpu", weight_layout: str = "auto",
-               target_path: str | Path | None = None) -> nn.Module:
+               target_path: str | Path | None = None, quantization: str = "none",
+               quantization_group_size: int = 128) -> nn.Module:
     """Load the draft model at `path`: an EAGLE / EAGLE-3 head (`kind` eagle | eagle3), with the target's
-    shared modules attached, or a small LM with the target's tokenizer (`kind` lm)."""
+    shared modules attached, or a small LM with the target's tokenizer (`kind` lm). `quantization`
+    stores the draft's own linear layers in int8 or int4 (an EAGLE-1/2 head's lm_head is the target's)."""
     if kind not in DRAFT_KINDS:
         raise CheckpointError(f"draft.kind {kind!r} is not a draft model; allowed: {list(DRAFT_KINDS)}")
+    check_quantization(quantization, quantization_group_size, torch.device(device), "draft")
     if kind == "lm":
-        return load_standalone_draft(path, target, dtype, device, weight_layout, target_path)
+        return load_standalone_draft(path, target, dtype, device, weight_layout, target_path, quantization,
+                                     quantization_group_size)
     directory = checkpoint_dir(path)
     raw = read_json(directory / "config.json")
     archs = raw.get("architectures") or []
@@ -100,5 +105,5 @@ def load_draft(path: str | Path, kind: str, target: LlamaForCausalLM, dtype: str
         model.share_target_lm_head(target)
     model.rotary.reset(device)
     model.eval().requires_grad_(False)
-    pack_for_inference(model, weight_layout, device)
+    pack_for_inference(model, weight_layout, device, Quantization(quantization, quantization_group_size), "draft")
     return model

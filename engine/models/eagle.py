@@ -56,7 +56,8 @@ class EagleDraftModel(nn.Module):
         return self.config.vocab_size  # the target's vocabulary
 
     def draft_token_ids(self) -> torch.Tensor:
-        return torch.arange(self.config.vocab_size, device=self.fc.weight.device)
+        device = self.layers[0].post_attention_layernorm.weight.device  # a norm's: fc's may be released (quantized)
+        return torch.arange(self.config.vocab_size, device=device)
 
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids

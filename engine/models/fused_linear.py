@@ -8,7 +8,9 @@ tensor, and the member modules' parameters become views of that tensor, so the m
 
 Layouts: `"transposed"` keeps the weight as [in, out] and runs `x @ W` (`addmm` when a residual or a
 bias is added); `"linear"` keeps [out, in] and runs `F.linear`. `measure_layout` times both for a
-weight shape at a few row counts and returns the faster.
+weight shape at a few row counts and returns the faster. A compressed format (`"fp16"`, or a
+`Quantization`: see `weight_formats`) stores the fused weight in fewer bytes with its own kernel; the
+members' float weights are then released (left as meta tensors that keep their shape and dtype).
 """
 
 import time
@@ -18,6 +20,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from engine.errors import ConfigError
+from engine.models.weight_formats import Quantization, compressed_weights, fbgemm_available, fp16_fits
 
 LAYOUTS = ("transposed", "linear")
 
@@ -27,14 +30,19 @@ class FusedLinear:
         self.linears = linears
         self.weight: torch.Tensor | None = None  # packed: [in, out] (transposed) or [out, in] (linear)
         self.bias: torch.Tensor | None = None  # packed: [out]
-        self.layout: str | None = None
+        self.layout: str | Quantization | None = None
+        self.kernel = None  # a compressed format's weights and kernel: x [N, in] -> [N, out]
 
     @property
     def out_features(self) -> int:
         return sum(linear.out_features for linear in self.linears)
 
-    def pack(self, layout: str) -> None:
-        """Fuse the member weights into one tensor in `layout`; the members' parameters become views of it."""
+    def pack(self, layout: "str | Quantization", release: bool = True) -> None:
+        """Fuse the member weights into one tensor in `layout`; the members' parameters become views of it.
+        A compressed layout keeps its own copy and releases the members' weights unless `release` is
+        false (a tied lm_head's weight is the embedding's)."""
+        if isinstance(layout, Quantization) or layout == "fp16":
+            return self._pack_compressed(layout, release)
         if layout not in LAYOUTS:
             raise ValueError(f"weight layout must be one of {list(LAYOUTS)}, got {layout!r}")
         if layout == "linear" and len(self.linears) == 1:  # already in place (a tied lm_head stays tied)
@@ -57,8 +65,25 @@ class FusedLinear:
             start = end
         self.weight, self.bias, self.layout = weight, bias, layout
 
+    def _pack_compressed(self, layout: "str | Quantization", release: bool) -> None:
+        with torch.no_grad():
+            weight = torch.cat([linear.weight for linear in self.linears], dim=0)  # [out, in]
+            has_bias = self.linears[0].bias is not None
+            bias = torch.cat([linear.bias for linear in self.linears]) if has_bias else None
+        if layout == "fp16" and not fp16_fits(weight):
+            return self.pack("linear")  # a weight beyond float16's range keeps the dense kernel
+        self.kernel, self.layout = compressed_weights(weight, bias, layout), layout
+        if release:
+            for linear in self.linears:
+                linear.weight = nn.Parameter(torch.empty_like(linear.weight, device="meta"), requires_grad=False)
+                if has_bias:
+                    linear.bias = nn.Parameter(torch.empty_like(linear.bias, device="meta"), requires_grad=False)
+
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """x: [N, in] -> [N, out] (+ residual [N, out])."""
+        if self.kernel is not None:
+            out = self.kernel(x)
+            return out if residual is None else out.add_(residual)
         if self.weight is None:  # not packed: the member modules, so training reaches their parameters
             out = self.linears[0](x) if len(self.linears) == 1 else torch.cat([m(x) for m in self.linears], dim=-1)
             return out if residual is None else residual + out
@@ -110,7 +135,11 @@ _MEASURED: dict[tuple, str] = {}
 def choose_layouts(shapes: dict[str, tuple[int, int]], weight_layout: str, dtype: torch.dtype,
                    device: torch.device) -> dict[str, str]:
     """Layout per projection name (`shapes`: name -> (in_features, out_features)). `weight_layout` is
-    `auto` (each distinct shape timed here once per process), or one of `LAYOUTS` for every projection."""
+    `auto` (each distinct shape timed here once per process; a half-precision model on CPU gets `fp16`
+    where fbgemm is built in: see `weight_formats.Fp16Weights`), or one of `LAYOUTS` for every projection."""
+    if weight_layout == "auto" and dtype in (torch.bfloat16, torch.float16) and device.type == "cpu" \
+            and fbgemm_available():
+        return dict.fromkeys(shapes, "fp16")
     if weight_layout != "auto":
         if weight_layout not in LAYOUTS:
             raise ConfigError(f"model.weight_layout must be one of {['auto', *LAYOUTS]}, got {weight_layout!r}")

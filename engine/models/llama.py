@@ -178,11 +178,16 @@ class LlamaForCausalLM(nn.Module):
         return {**layer_shapes(self.config), "lm_head": (self.config.hidden_size, self.config.vocab_size)}
 
     def pack(self, layouts: dict[str, str]) -> None:
-        """Fuse projections for inference (see `FusedLinear`); a tied lm_head keeps the embedding's layout."""
+        """Fuse projections for inference (see `FusedLinear`); a dense tied lm_head keeps the embedding's layout."""
         for layer in self.model.layers:
             layer.pack(layouts)
         tied = self.lm_head.weight is self.model.embed_tokens.weight
-        self.logits_proj.pack("linear" if tied else layouts["lm_head"])
+        if not tied:
+            self.logits_proj.pack(layouts["lm_head"])
+        elif layouts["lm_head"] in ("transposed", "linear"):
+            self.logits_proj.pack("linear")  # the embedding's own tensor
+        else:
+            self.logits_proj.pack(layouts["lm_head"], release=False)  # a compressed copy; the embedding stays
 
     def forward(self, input_ids, positions, batch, aux_layer_ids: tuple[int, ...] = ()):
         """aux_layer_ids: layers whose input is returned beside the final hidden state (an EAGLE-3

@@ -9,6 +9,7 @@ from engine.errors import CheckpointError
 from engine.models.config import DTYPES, ModelConfig, load_model_config, read_json
 from engine.models.fused_linear import choose_layouts
 from engine.models.llama import LlamaForCausalLM
+from engine.models.weight_formats import Quantization, check_int4_shapes, check_quantization
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
@@ -87,15 +88,27 @@ def assign_state(module: torch.nn.Module, tensors: dict, dtype: torch.dtype, dev
     module.load_state_dict(state, assign=True)
 
 
-def pack_for_inference(model: torch.nn.Module, weight_layout: str, device: torch.device) -> None:
-    """Fuse the model's projections in the layout `weight_layout` names (`auto`: timed here)."""
+def pack_for_inference(model: torch.nn.Module, weight_layout: str, device: torch.device,
+                       quantization: Quantization | None = None, field: str = "model") -> None:
+    """Fuse the model's projections in the layout `weight_layout` names (`auto`: timed here), or store
+    them quantized (`quantization`, checked against the model's shapes; `field` names its config)."""
     dtype = next(p for p in model.parameters() if p.is_floating_point()).dtype
-    model.pack(choose_layouts(model.projection_shapes(), weight_layout, dtype, device))
+    shapes = model.projection_shapes()
+    if quantization is None or quantization.scheme == "none":
+        return model.pack(choose_layouts(shapes, weight_layout, dtype, device))
+    check_quantization(quantization.scheme, quantization.group_size, device, field)
+    if quantization.scheme == "int4":
+        check_int4_shapes(shapes, quantization.group_size, field)
+    model.pack(dict.fromkeys(shapes, quantization))
 
 
 def load_model(path: str | Path, dtype: str = "auto", device: str | torch.device = "cpu",
-               weight_layout: str = "auto") -> LlamaForCausalLM:
+               weight_layout: str = "auto", quantization: str = "none", quantization_group_size: int = 128,
+               field: str = "model") -> LlamaForCausalLM:
+    """A checkpoint directory as a packed inference model; `quantization` (one of `SCHEMES`) stores its
+    linear layers in int8 or int4 (`field` names the config those settings came from in errors)."""
     directory = checkpoint_dir(path)
+    check_quantization(quantization, quantization_group_size, torch.device(device), field)
     config: ModelConfig = load_model_config(directory)
     torch_dtype = resolve_dtype(dtype, config.torch_dtype)
     device = torch.device(device)
@@ -112,5 +125,5 @@ def load_model(path: str | Path, dtype: str = "auto", device: str | torch.device
         model.lm_head.weight = model.model.embed_tokens.weight
     model.model.rotary.reset(device)
     model.eval().requires_grad_(False)
-    pack_for_inference(model, weight_layout, device)
+    pack_for_inference(model, weight_layout, device, Quantization(quantization, quantization_group_size), field)
     return model
