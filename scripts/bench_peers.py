@@ -98,16 +98,24 @@ def make_waves(pool: list[list[int]], batch: int, num_prompts: int, rounds: int)
     return [[wave[i:i + batch] for i in range(0, per_wave, batch)] for wave in waves]
 
 
-def load_ct2(model_dir: str, out_dir: str, threads: int, probe: list[int]):
+def load_ct2(model_dir: str, out_dir: str, threads: int, probe: list[int], compute_type: str = "float32"):
     """The converted model's generator at its fastest intra_threads: `threads`, or when 0 the faster of
-    1 .. cpu count timed here on `probe` (on a 2-core machine 2 threads can be several times slower)."""
+    1 .. cpu count timed here on `probe` (on a 2-core machine 2 threads can be several times slower).
+    `compute_type` is CTranslate2's weight type for conversion and compute (float32, int8, ...)."""
     ctranslate2 = optional("ctranslate2")
     optional("transformers")  # the converter reads the checkpoint through it
     from ctranslate2.converters import TransformersConverter
 
-    TransformersConverter(model_dir).convert(out_dir, quantization="float32", force=True)
+    TransformersConverter(model_dir).convert(out_dir, quantization=compute_type, force=True)
     vocab = json.loads((Path(out_dir) / "vocabulary.json").read_text())  # index = token id
-    make = lambda t: ctranslate2.Generator(out_dir, device="cpu", compute_type="float32", intra_threads=t)  # noqa: E731
+    torch_threads = torch.get_num_threads()
+
+    def make(t: int):
+        # a Generator sets the process's OpenMP thread count (torch's too) to its intra_threads: restore it
+        generator = ctranslate2.Generator(out_dir, device="cpu", compute_type=compute_type, intra_threads=t)
+        torch.set_num_threads(torch_threads)
+        return generator
+
     if threads:
         return make(threads), vocab, threads
     timings = {}

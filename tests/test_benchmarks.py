@@ -33,6 +33,26 @@ def test_bench_peers_eyas_rows(tmp_path):
     assert (tmp_path / "bench_peers.png").stat().st_size > 5000
 
 
+def test_bench_quant_times_every_format_and_reports_quality(tmp_path):
+    # CTranslate2 is a [bench] extra, not installed with the tests: its row is left out here
+    out = run_script("bench_quant.py", "--systems", "float32,bfloat16,int8,int4,int8_ngram", "--layers", "2",
+                     "--hidden-size", "128", "--intermediate-size", "256", "--heads", "4", "--kv-heads", "2",
+                     "--max-new-tokens", "6", "--num-prompts", "1", "--rounds", "1", "--loss-windows", "4",
+                     "--quality-prompts", "2", "--out", str(tmp_path))
+    assert "| 1 | eyas int8 |" in out and "| int4 |" in out
+    result = json.loads((tmp_path / "bench_quant.json").read_text())
+    speed = {r["system"]: r for r in result["speed"]}
+    assert set(speed) == {"eyas float32", "eyas bfloat16 (fp16 weights)", "eyas int8", "eyas int4 (group 128)",
+                          "eyas int8, n-gram drafter"}
+    assert all(r["tok_s"] > 0 and r["vs_float32"] > 0 for r in speed.values())
+    assert speed["eyas int8, n-gram drafter"]["greedy_ids"].startswith("1/1 rows identical vs eyas int8")
+    quality = {r["format"]: r for r in result["quality"]}
+    assert list(quality) == ["float32", "bfloat16", "int8", "int4"]
+    assert all(r["eagle3_equals_plain"] for r in quality.values())  # lossless against its own format
+    assert quality["float32"]["loss_vs_float32"] == 0 and quality["float32"]["greedy_positions_equal_float32"] == 1
+    assert abs(quality["int8"]["loss_vs_float32"]) < 0.02  # the shipped target keeps its loss in int8
+
+
 def test_bench_spec_prints_phase_floors(tmp_path):
     out = run_script("bench_spec.py", "--ks", "2", "--trees", "3:2:5", "--num-prompts", "2", "--max-new-tokens", "8",
                      "--json", str(tmp_path / "spec.json"), "--plot", str(tmp_path / "spec.png"))
