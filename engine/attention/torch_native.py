@@ -49,6 +49,7 @@ class TorchNativeMetadata:
 class InvariantMetadata:
     """Batch-invariant mode: each request's KV gathered on its own, each query attended on its own."""
     slots: list[torch.Tensor]  # per request: [seq_len] KV slots of its positions
+    runs: list[tuple[int, int] | None]  # per request: (first slot, seq_len) when its slots are one run (read as a view)
     keys_of: list[list[torch.Tensor] | None]  # per request: a tree's [keys] positions per node; None: a chain's
 
 
@@ -135,8 +136,12 @@ class TorchNativeBackend:
         pool, meta = batch.kv_pool, self.metadata
         pool.store(layer_id, batch.out_cache_loc, k, v)
         out, start, gqa = torch.empty_like(q), 0, k.shape[1] != q.shape[1]
-        for slots, keys_of, prefix, extend in zip(meta.slots, meta.keys_of, batch.prefix_lens, batch.extend_lens):
-            keys, values = pool.k[layer_id].index_select(0, slots), pool.v[layer_id].index_select(0, slots)
+        for slots, run, keys_of, prefix, extend in zip(meta.slots, meta.runs, meta.keys_of, batch.prefix_lens,
+                                                       batch.extend_lens):
+            if run is not None:  # the same values and strides as the gather, without the copy
+                keys, values = pool.k[layer_id][run[0]:run[0] + run[1]], pool.v[layer_id][run[0]:run[0] + run[1]]
+            else:
+                keys, values = pool.k[layer_id].index_select(0, slots), pool.v[layer_id].index_select(0, slots)
             if keys.dtype != q.dtype:
                 keys, values = keys.to(q.dtype), values.to(q.dtype)
             if prefix == 0:
@@ -166,7 +171,7 @@ def _invariant_metadata(batch: ForwardBatch) -> InvariantMetadata:
         for i, prefix in enumerate(batch.prefix_lens):
             ancestors = [torch.nonzero(blocks[i, j]).flatten() + prefix for j in range(n)]
             keys_of[i] = [torch.cat((torch.arange(prefix, device=a.device), a)) for a in ancestors]
-    return InvariantMetadata(slots, keys_of)
+    return InvariantMetadata(slots, [_contiguous_run(s) for s in slots], keys_of)
 
 
 def _contiguous_run(slots: torch.Tensor) -> tuple[int, int] | None:
