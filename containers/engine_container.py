@@ -64,7 +64,7 @@ class EngineContainer(containers.DeclarativeContainer):
                               graph=decode_graph)
     spec_worker = Singleton(
         SpeculativeWorker, target_runner=target_runner, drafter=speculative.drafter, req_to_token=req_to_token,
-        sampler=sampler, initial_state=speculative.runtime_state,
+        sampler=sampler, initial_state=speculative.runtime_state, verify=config.speculative.verify,
     )
 
     # adaptive speculation: one policy per batch-size tier, one prebuilt runtime state per candidate
@@ -81,7 +81,17 @@ class EngineContainer(containers.DeclarativeContainer):
         update_interval=config.adaptive.update_interval, probe_interval=config.adaptive.probe_interval,
     )
     make_policy = providers.Selector(config.adaptive.policy, ema=ema_policy.provider, throughput=throughput_policy.provider)
-    adaptive_controller = Singleton(AdaptiveController, tiers=adaptive_tiers, make_policy=make_policy)
+    # sampled batches learn apart: their own acceptance model
+    sampled_acceptance_model = Singleton(
+        AcceptanceModel, decay=providers.Callable(factories.decay_of, config.adaptive.ema_alpha))
+    sampled_throughput_policy = providers.Factory(
+        ThroughputPolicy, acceptance=sampled_acceptance_model, ema_alpha=config.adaptive.ema_alpha,
+        update_interval=config.adaptive.update_interval, probe_interval=config.adaptive.probe_interval,
+    )
+    make_sampled_policy = providers.Selector(config.adaptive.policy, ema=ema_policy.provider,
+                                             throughput=sampled_throughput_policy.provider)
+    adaptive_controller = Singleton(AdaptiveController, tiers=adaptive_tiers, make_policy=make_policy,
+                                    make_sampled_policy=make_sampled_policy)
     candidate_states = Singleton(
         build_candidate_states, __self__, providers.Callable(factories.adaptive_candidates, config.adaptive),
     )

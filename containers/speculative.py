@@ -75,6 +75,7 @@ class SpeculativeContainer(containers.DeclarativeContainer):
     head = Singleton(
         DraftHead, runner=draft_runner, req_to_token=req_to_token, buffers=draft_state_buffers, sampler=sampler,
         draft_sampling=config.speculative.draft_sampling, tree_score_temperature=config.speculative.tree_score_temperature,
+        verify=config.speculative.verify,
     )
     eagle_drafter = Singleton(EagleDrafter, head=head)
     standalone_drafter = Singleton(StandaloneDrafter, head=head)

@@ -51,11 +51,45 @@ def row_keys(words: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
 def uniforms(keys: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
     """keys: [R, 2]; token_ids: [n] or [R, n] -> [R, n] float32 uniforms in (0, 1), one per (row, token)."""
     x = _mix32(token_ids ^ keys[:, :1])
-    x = _mix32(x ^ keys[:, 1:])
-    return ((x >> 8).float() + 0.5) * (1.0 / 2**24)
+    return to_uniforms(_mix32(x ^ keys[:, 1:]))
+
+
+def to_uniforms(bits: torch.Tensor) -> torch.Tensor:
+    """32-bit hash values (int64) -> float32 uniforms in (0, 1): the top 24 bits, centred."""
+    return ((bits >> 8).float() + 0.5) * (1.0 / 2**24)
+
+
+# The same hash on host integers, for the few values a step's keys and streams need (tens of positions):
+# a tensor op costs microseconds whatever its size, a Python integer op tens of nanoseconds. Bit for bit
+# the tensor functions' values.
+
+def _mix32_host(x: int) -> int:
+    x ^= x >> 16
+    x = (x * _M1) & MASK32
+    x ^= x >> 15
+    x = (x * _M2) & MASK32
+    return x ^ (x >> 16)
+
+
+def row_keys_host(word: tuple[int, int], position: int) -> tuple[int, int]:
+    """`row_keys` of one row."""
+    a = _mix32_host(word[0] ^ _mix32_host(position & MASK32))
+    return a, _mix32_host((word[1] + a) & MASK32)
+
+
+def hash_host(key: tuple[int, int], token_id: int) -> int:
+    """The 32-bit value `uniforms` maps to (0, 1) for one (key, token id)."""
+    return _mix32_host(_mix32_host(token_id ^ key[0]) ^ key[1])
 
 
 def exponentials(keys: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
     """Standard exponential noise [R, n]: argmax_t p_t / E_t draws t with probability p_t (the
     exponential race, equivalent to Gumbel-max: argmax log p_t - log E_t)."""
     return -torch.log(uniforms(keys, token_ids))
+
+
+# Named streams: ids past any vocabulary, so a stream's numbers are independent of every token's noise
+# at the same (seed, position) and of each other's. Rejection-sampling verification draws its drafts,
+# accept tests and residual samples from them.
+DRAFT_STREAM, ACCEPT_STREAM, RESIDUAL_STREAM = 0xFFFFFFF0, 0xFFFFFFF1, 0xFFFFFFF2
+

@@ -8,7 +8,7 @@ the position and the token id, a seeded request emits the same tokens alone or i
 decoding or when a verify forward scores its position at any depth, whatever drafted it.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -16,7 +16,12 @@ from engine import keyed_random
 from engine.sampling_params import SamplingParams
 
 
+STREAMS = (keyed_random.DRAFT_STREAM, keyed_random.ACCEPT_STREAM, keyed_random.RESIDUAL_STREAM)
+STREAM_IDS = torch.tensor(STREAMS, dtype=torch.int64)
 CANDIDATES = 64  # columns first tried for a top-p row without top-k, before falling back to all
+HOST_HASH_POSITIONS = 64  # a step's keys for up to this many positions are hashed on the host
+SMALL_VOCABULARY = 8192  # up to this many columns, every row takes the all-columns filter at once
+NUCLEUS_BUCKETS, BUCKET_WIDTH = 64, 0.25  # the all-columns top-p: buckets of log-probability below the row's max
 
 
 def filtered_sorted(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
@@ -24,39 +29,94 @@ def filtered_sorted(logits: torch.Tensor, temperature: torch.Tensor, top_k: torc
     """logits: [R, C]; temperature (> 0), top_k (0 = off), top_p (1 = off): [R].
 
     Returns the filtered distribution (temperature, then top-k, then top-p over the top-k mass) as
-    (probs [R, n], columns [R, n]) in descending order, cut after the longest row's support; or
-    (probs [R, C], None) when no row filters. Only as many columns as the filters can keep are
-    ranked: a top-k row needs its k best; a top-p row first tries its `CANDIDATES` best and falls back
-    to a full sort when they hold less than top_p of the mass."""
+    (probs [R, n], columns [R, n]) in descending order, cut after the longest row's support, when every
+    row's support lies among its `CANDIDATES` best columns (or its top-k); else, and for a vocabulary of
+    at most `SMALL_VOCABULARY` columns, (probs [R, C], None) over every column, zero outside each row's
+    support (`filtered_all_columns`: no sort)."""
     logits = logits.float() / temperature[:, None]
     num_columns = logits.shape[-1]
     unfiltered = (top_k <= 0) & (top_p >= 1.0)
     if bool(unfiltered.all()):
         return logits.softmax(dim=-1), None
     has_k = top_k > 0
-    width = num_columns if bool(unfiltered.any()) else min(num_columns, max(int(top_k.max()), CANDIDATES))
-    while True:
-        values, columns = logits.topk(width, dim=-1)  # sorted, descending
-        rank = torch.arange(width, device=logits.device)[None, :]
-        values = values.masked_fill(has_k[:, None] & (rank >= top_k[:, None]), float("-inf"))
-        # top-k rows normalise over their k best (all among the candidates); the others over every column
-        log_norm = torch.where(has_k, values.logsumexp(dim=-1), logits.logsumexp(dim=-1))
-        probs = (values - log_norm[:, None]).exp()
-        mass_before = probs.cumsum(dim=-1) - probs
-        if width == num_columns or bool(((mass_before[:, -1] >= top_p) | has_k).all()):
-            break
-        width = num_columns  # a top-p row's nucleus reaches past the candidates
+    width = min(num_columns, max(int(top_k.max()), CANDIDATES))
+    if bool(unfiltered.any()) or width == num_columns or num_columns <= SMALL_VOCABULARY:
+        return filtered_all_columns(logits, top_k, top_p), None
+    values, columns = logits.topk(width, dim=-1)  # sorted, descending
+    rank = torch.arange(width, device=logits.device)[None, :]
+    values = values.masked_fill(has_k[:, None] & (rank >= top_k[:, None]), float("-inf"))
+    # top-k rows normalise over their k best (all among the candidates); the others over every column
+    log_norm = torch.where(has_k, values.logsumexp(dim=-1), logits.logsumexp(dim=-1))
+    probs = (values - log_norm[:, None]).exp()
+    mass_before = probs.cumsum(dim=-1) - probs
+    if not bool(((mass_before[:, -1] >= top_p) | has_k).all()):
+        return filtered_all_columns(logits, top_k, top_p), None  # a nucleus reaches past the candidates
     probs = probs.masked_fill((mass_before >= top_p[:, None]) & (rank > 0), 0.0)
     n = int((probs > 0).sum(dim=-1).max())
     probs = probs[:, :n]
     return probs / probs.sum(dim=-1, keepdim=True), columns[:, :n]
 
 
+def filtered_all_columns(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """The filtered distribution of tempered logits [R, C] over every column, without sorting a row.
+
+    Top-k keeps the columns at or above the k-th best value. Top-p buckets each column by its log-probability
+    below the row's best (`BUCKET_WIDTH` nats per bucket): buckets above the one where the cumulative mass
+    reaches top_p are kept whole, buckets below it dropped, and only that bucket's columns are ranked
+    to find where the nucleus ends (a column is kept iff the mass ranked before it is below top_p)."""
+    rows, num_columns = logits.shape
+    has_k = top_k > 0
+    if bool(has_k.any()):
+        kmax = int(top_k.max())
+        kth = logits.topk(kmax, dim=-1).values.gather(1, (top_k.clamp(min=1) - 1)[:, None])  # [R, 1]
+        logits = logits.masked_fill(has_k[:, None] & (logits < kth), float("-inf"))
+    probs = logits.softmax(dim=-1)
+    has_p = top_p < 1.0
+    if not bool(has_p.any()):
+        return probs
+    below_best = logits.amax(dim=-1, keepdim=True) - logits  # >= 0; inf for a column top-k dropped
+    bucket = (below_best * (1.0 / BUCKET_WIDTH)).clamp_(max=NUCLEUS_BUCKETS - 1).long()
+    mass = torch.zeros(rows, NUCLEUS_BUCKETS, device=logits.device).scatter_add_(1, bucket, probs)
+    cumulative = mass.cumsum(dim=1)
+    crossing = (cumulative < top_p[:, None]).sum(dim=1, keepdim=True).clamp_(max=NUCLEUS_BUCKETS - 1)  # [R, 1]
+    above = cumulative.gather(1, crossing) - mass.gather(1, crossing)  # mass of the buckets kept whole
+    in_crossing = bucket == crossing
+    width = int(in_crossing.sum(dim=1).max())
+    values, columns = torch.where(in_crossing, probs, -1.0).topk(width, dim=-1)  # the crossing bucket, ranked
+    values = values.clamp(min=0.0)
+    ranked_before = above + values.cumsum(dim=-1) - values
+    ranked_in = torch.zeros_like(in_crossing).scatter_(1, columns, (values > 0) & (ranked_before < top_p[:, None]))
+    kept = torch.where(has_p[:, None], probs * ((bucket < crossing) | ranked_in), probs)
+    return kept / kept.sum(dim=-1, keepdim=True)
+
+
+def filtered_dense(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                   top_p: torch.Tensor) -> torch.Tensor:
+    """`filtered_sorted`'s distribution over every column: [R, C], zero outside each row's support."""
+    probs, columns = filtered_sorted(logits, temperature, top_k, top_p)
+    if columns is None:
+        return probs
+    return torch.zeros(logits.shape, dtype=probs.dtype, device=probs.device).scatter_(1, columns, probs)
+
+
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """probs: [R, C] non-negative weights (each row's sum > 0); u: [R] uniforms in (0, 1) -> [R] the
+    column whose cumulative-weight interval holds u x the row's total (always one of positive weight)."""
+    cdf = probs.cumsum(dim=-1)
+    chosen = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0]
+    return chosen.clamp(max=probs.shape[-1] - 1)
+
+
 @dataclass
 class SamplingBatch:
     """What choosing tokens for B requests needs, built once per step. Only the requests that sample
     (temperature > 0) get tensors: `rows` [S] are their indices in the batch; temperature, top_k,
-    top_p [S]; words [S, 2] their seed words; positions [S] the output position of each one's next token."""
+    top_p [S]; words [S, 2] their seed words; positions [S] the output position of each one's next token.
+
+    The noise keys of positions positions[s] .. positions[s] + horizon - 1, and the named streams'
+    uniforms there, are computed once per step, on first use, for every call of the step to read:
+    the drafter's steps and the verifier's positions (`horizon`: the positions a step reads; a call
+    past it computes a wider window)."""
 
     size: int
     rows: torch.Tensor | None = None
@@ -65,10 +125,13 @@ class SamplingBatch:
     top_p: torch.Tensor | None = None
     words: torch.Tensor | None = None
     positions: torch.Tensor | None = None
+    horizon: int = 1
+    _keys: torch.Tensor | None = field(default=None, repr=False)  # [S, horizon, 2]
+    _streams: torch.Tensor | None = field(default=None, repr=False)  # [S, horizon, len(STREAMS)]
 
     @classmethod
     def of(cls, params: list[SamplingParams], seed_words: list[tuple[int, int]], positions: list[int],
-           device) -> "SamplingBatch":
+           device, horizon: int = 1) -> "SamplingBatch":
         sampled = [i for i, p in enumerate(params) if not p.greedy]
         if not sampled:
             return cls(len(params))
@@ -82,18 +145,66 @@ class SamplingBatch:
             temperature=tensor([p.temperature for p in ps], torch.float32),
             top_k=tensor([p.top_k for p in ps], torch.int64), top_p=tensor([p.top_p for p in ps], torch.float32),
             words=tensor([seed_words[i] for i in sampled], torch.int64),
-            positions=tensor([positions[i] for i in sampled], torch.int64),
+            positions=tensor([positions[i] for i in sampled], torch.int64), horizon=horizon,
         )
 
     @classmethod
-    def of_requests(cls, requests, device) -> "SamplingBatch":
+    def of_requests(cls, requests, device, horizon: int = 1) -> "SamplingBatch":
         """For requests whose next token is the one after their current output."""
         return cls.of([r.params for r in requests], [r.seed_words for r in requests],
-                      [len(r.output_ids) for r in requests], device)
+                      [len(r.output_ids) for r in requests], device, horizon)
 
     @property
     def all_greedy(self) -> bool:
         return self.rows is None
+
+    def _window(self, needed: int) -> None:
+        """Keys and stream uniforms of the first max(horizon, needed) positions of every sampled request."""
+        if self._keys is not None and self._keys.shape[1] >= needed:
+            return
+        self.horizon = max(self.horizon, needed)
+        s, h = self.rows.shape[0], self.horizon
+        device = self.positions.device
+        if s * h <= HOST_HASH_POSITIONS:  # a few positions: hashed on the host, one tensor each
+            words, starts = self.words.tolist(), self.positions.tolist()
+            keys = [keyed_random.row_keys_host(tuple(w), p + j) for w, p in zip(words, starts) for j in range(h)]
+            bits = [keyed_random.hash_host(key, stream) for key in keys for stream in STREAMS]
+            self._keys = torch.tensor(keys, dtype=torch.int64, device=device).view(s, h, 2)
+            streams = keyed_random.to_uniforms(torch.tensor(bits, dtype=torch.int64, device=device))
+            self._streams = streams.view(s, h, len(STREAMS))
+            return
+        positions = (self.positions[:, None] + torch.arange(h, device=device)).flatten()
+        keys = keyed_random.row_keys(self.words.repeat_interleave(h, dim=0), positions)
+        self._keys = keys.view(s, h, 2)
+        self._streams = keyed_random.uniforms(keys, STREAM_IDS.to(device)).view(s, h, len(STREAMS))
+
+    def _read(self, table: torch.Tensor | None, width: int, offset: int, offsets: torch.Tensor | None):
+        """Rows of a [S, horizon, ...] window, request-major: [S * width, ...]."""
+        if offsets is None:
+            self._window(offset + width)
+            return self._windowed(table)[:, offset:offset + width].flatten(0, 1)
+        depth = offsets[self.rows]  # [S, width]
+        self._window(int(depth.max()) + 1)
+        window = self._windowed(table)
+        index = depth.view(*depth.shape, *([1] * (window.dim() - 2))).expand(*depth.shape, *window.shape[2:])
+        return window.gather(1, index).flatten(0, 1)
+
+    def _windowed(self, table) -> torch.Tensor:
+        return self._keys if table == "keys" else self._streams
+
+    def keys(self, width: int = 1, offset: int = 0, offsets: torch.Tensor | None = None) -> torch.Tensor:
+        """Noise keys [S * width, 2] of the sampled requests' positions, request-major: row s * width + j
+        is position positions[s] + offset + j, or positions[s] + offsets[rows[s], j] with `offsets` [B, width]."""
+        return self._read("keys", width, offset, offsets)
+
+    def uniforms(self, stream: int, width: int = 1, offset: int = 0,
+                 offsets: torch.Tensor | None = None) -> torch.Tensor:
+        """The named stream's uniforms [S * width] at the positions `keys` names."""
+        return self._read("streams", width, offset, offsets)[:, STREAMS.index(stream)]
+
+    def filters(self, width: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(temperature, top_k, top_p) of the sampled requests, each repeated `width` times: [S * width]."""
+        return tuple(t.repeat_interleave(width) for t in (self.temperature, self.top_k, self.top_p))
 
 
 class Sampler:
@@ -112,8 +223,7 @@ class Sampler:
         rows = batch.rows
         if width > 1:
             rows = (rows[:, None] * width + torch.arange(width, device=rows.device)).flatten()
-        probs, columns = filtered_sorted(logits[rows], *(t.repeat_interleave(width) for t in
-                                                           (batch.temperature, batch.top_k, batch.top_p)))
+        probs, columns = filtered_sorted(logits[rows], *batch.filters(width))
         chosen = self._perturbed(probs, columns, batch, width, offset, offsets, token_ids, logits.shape[-1])
         chosen = chosen.argmax(dim=-1, keepdim=True)
         if columns is not None:
@@ -132,8 +242,7 @@ class Sampler:
         if batch.all_greedy:
             return ranked
         rows = (batch.rows[:, None] * width + torch.arange(width, device=logits.device)).flatten()
-        probs, columns = filtered_sorted(logits[rows], *(t.repeat_interleave(width) for t in
-                                                           (batch.temperature, batch.top_k, batch.top_p)))
+        probs, columns = filtered_sorted(logits[rows], *batch.filters(width))
         race = self._perturbed(probs, columns, batch, width, 0, offsets, token_ids, logits.shape[-1])
         if columns is not None:  # every column: the support's race values, -1 elsewhere
             race = torch.full((rows.shape[0], logits.shape[-1]), -1.0, device=logits.device).scatter_(1, columns, race)
@@ -144,11 +253,7 @@ class Sampler:
     def _perturbed(probs, columns, batch: SamplingBatch, width: int, offset: int, offsets, token_ids,
                    num_columns: int) -> torch.Tensor:
         """p(t) / E(seed, position, t) over each sampled row's support: [S * width, n]."""
-        if offsets is None:
-            positions = batch.positions[:, None] + offset + torch.arange(width, device=probs.device)  # [S, width]
-        else:
-            positions = batch.positions[:, None] + offsets[batch.rows]
-        keys = keyed_random.row_keys(batch.words.repeat_interleave(width, dim=0), positions.flatten())
+        keys = batch.keys(width, offset, offsets)
         if columns is None:  # no filter: every column
             ids = torch.arange(num_columns, device=probs.device) if token_ids is None else token_ids
         else:  # noise only over the support

@@ -68,6 +68,11 @@ class DraftSampling(str, Enum):
     sample = "sample"
 
 
+class VerifyMode(str, Enum):
+    reproducible = "reproducible"
+    rejection = "rejection"
+
+
 class AdaptivePolicy(str, Enum):
     off = "off"
     ema = "ema"
@@ -103,6 +108,9 @@ class SpeculativeConfig:
     attention_mode: AttentionMode = AttentionMode.prefill
     draft_attention_backend: Optional[AttentionBackendName] = None
     draft_sampling: DraftSampling = DraftSampling.sample
+    # sampled requests: reproducible (output equal to plain decoding's for a seed) | rejection (speculative
+    # rejection sampling: more drafts accepted, distributed as plain decoding but not the same draws)
+    verify: VerifyMode = VerifyMode.rejection
     # topk > 1: trees keep the nodes of highest cumulative log-softmax(draft logits / this); 1 = EAGLE-2's
     # scores. The shipped heads' probabilities are under-confident (top-1 0.38 on average where the
     # target agrees 0.78 of the time): 0.3 measured best for them.

@@ -33,6 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from heldout import heldout_prompts  # noqa: E402
+from spec_metrics import tau_between  # noqa: E402
 
 from launch.compose import compose_config  # noqa: E402
 from engine import SamplingParams, build_engine  # noqa: E402
@@ -108,10 +109,7 @@ class Contender:
         row = {"tokens_per_s": self.tokens / self.seconds, "tokens": self.tokens, "seconds": self.seconds,
                "by_kind": {kind: tokens / seconds for kind, (tokens, seconds) in self.by_kind.items()}}
         if "mean_accept_length" in metrics:
-            cycles = metrics["num_verify_cycles"] - base["num_verify_cycles"]
-            emitted = (metrics["mean_accept_length"] * metrics["num_verify_cycles"]
-                       - base["mean_accept_length"] * base["num_verify_cycles"])
-            row["tau"] = emitted / cycles if cycles else 0.0
+            row["tau"] = tau_between(base, metrics) or 0.0
         if "adaptive_cycles_at_steps" in metrics:
             row["cycles_at_steps"] = metrics["adaptive_cycles_at_steps"]
             row["switches"] = metrics["adaptive_switches"]

@@ -36,6 +36,7 @@ from heldout import heldout_prompts  # noqa: E402
 from engine import SamplingParams, build_engine  # noqa: E402
 from engine.models.fused_linear import FusedLinear  # noqa: E402
 from engine.report.figures import pyplot, save  # noqa: E402
+from engine.sampling import SamplingBatch  # noqa: E402
 
 
 class GemmRecorder:
@@ -138,6 +139,38 @@ class PhaseTimer:
         return self.gemms.floor(f"{phase}:{label}", self.count[(phase, label)])
 
 
+class ChoiceProbe:
+    """Keeps the last call of a token-choice function (the plain worker's `sample`, the verifier's `accept`)
+    and times it again afterwards on the same logits, as called and with every request greedy: the cost
+    of choosing a sampled position against a greedy one, per position (logits row)."""
+
+    def __init__(self, obj, name: str):
+        self.inner = getattr(obj, name)
+        self.last = None
+
+        def keep(logits, *args, **kwargs):
+            self.last = (logits, args, kwargs)
+            return self.inner(logits, *args, **kwargs)
+
+        setattr(obj, name, keep)
+
+    def per_position(self, repeats: int = 50) -> tuple[float, float]:
+        """(sampled, greedy) seconds per position; nan before any call."""
+        if self.last is None:
+            return float("nan"), float("nan")
+        logits, args, kwargs = self.last
+        greedy_args = tuple(SamplingBatch(a.size) if isinstance(a, SamplingBatch) else a for a in args)
+        times = []
+        for call_args in (args, greedy_args):
+            with torch.inference_mode():
+                self.inner(logits, *call_args, **kwargs)
+                start = time.perf_counter()
+                for _ in range(repeats):
+                    self.inner(logits, *call_args, **kwargs)
+            times.append((time.perf_counter() - start) / repeats / logits.shape[0])
+        return times[0], times[1]
+
+
 def run(engine, prompts: list[str], params: SamplingParams, batch_size: int) -> tuple[float, int]:
     start, tokens = time.perf_counter(), 0
     for i in range(0, len(prompts), batch_size):
@@ -151,10 +184,11 @@ def plain(args, prompts, params):
         # a forward whose requests all extend by one token is a decode step; others carry a prefill
         timer.wrap(eng.worker.runner, "forward", "target_forward",
                    phase_of=lambda batch, *a, **kw: "decode" if max(batch.extend_lens) == 1 else "prefill")
+        choice = ChoiceProbe(eng.worker.sampler, "sample")
         run(eng, prompts[:2], params, args.batch_size)  # warmup
         timer.total.clear(), timer.count.clear(), gemms.clear()
         seconds, tokens = run(eng, prompts, params, args.batch_size)
-        return tokens / seconds, timer.mean("target_forward"), timer.floor("target_forward")
+        return tokens / seconds, timer.mean("target_forward"), timer.floor("target_forward"), choice.per_position()
 
 
 def speculative(args, prompts, params, k, topk=1, nodes=None):
@@ -170,6 +204,7 @@ def speculative(args, prompts, params, k, topk=1, nodes=None):
         timer.wrap(head, "chain" if topk == 1 else "tree", "draft")
         timer.wrap(head, "extend", "extend")
         timer.wrap(head.runner, "forward", "draft_forward")
+        choice = ChoiceProbe(worker.verifier, "accept")
         run(eng, prompts[:2], params, args.batch_size)
         timer.total.clear(), timer.count.clear(), gemms.clear()
         base = eng.metrics()
@@ -177,6 +212,7 @@ def speculative(args, prompts, params, k, topk=1, nodes=None):
         metrics = eng.metrics()
         floors = {"verify": timer.floor("verify"), "extend": timer.floor("extend"),
                   "draft": timer.floor("draft") / k}
+        t_choice_sampled, t_choice_greedy = choice.per_position()
     cycles = metrics["num_verify_cycles"] - base["num_verify_cycles"]
     emitted = metrics["mean_accept_length"] * metrics["num_verify_cycles"] - base["mean_accept_length"] * base["num_verify_cycles"]
     tau = emitted / cycles
@@ -191,6 +227,7 @@ def speculative(args, prompts, params, k, topk=1, nodes=None):
         "t_draft": timer.mean("draft") / k,  # draft phase per cycle / k (k proposals, k - 1 forwards)
         "floor_verify": floors["verify"], "floor_draft": floors["draft"], "floor_extend": floors["extend"],
         "t_draft_forward": draft_forward_time / draft_forwards if draft_forwards else float("nan"),
+        "t_choice_sampled": t_choice_sampled, "t_choice_greedy": t_choice_greedy,
     }
 
 
@@ -203,6 +240,7 @@ def main() -> None:
     p.add_argument("--num-prompts", type=int, default=20)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
@@ -212,14 +250,16 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     prompts = heldout_prompts(args.num_prompts)
-    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=0, ignore_eos=True)
-    plain_tps, t_decode, floor_decode = plain(args, prompts, params)
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                            seed=0, ignore_eos=True)
+    plain_tps, t_decode, floor_decode, plain_choice = plain(args, prompts, params)
     rows = [speculative(args, prompts, params, int(k)) for k in args.ks.split(",")]
     chains = list(rows)
     for shape in filter(None, args.trees.split(",")):
         steps, topk, nodes = (int(v) for v in shape.split(":"))
         rows.append(speculative(args, prompts, params, steps, topk, nodes))
     print(f"{args.kind}, {len(prompts)} held-out prompts x {args.max_new_tokens} new tokens, T={args.temperature}, "
+          f"top_p={args.top_p}, "
           f"batch {args.batch_size}; plain decoding {plain_tps:.1f} tok/s, target decode step {t_decode * 1e3:.2f} ms")
     print("tau: tokens per verify cycle (bonus included); acceptance per position: accepted at i / cycles")
     print("rows: k (a chain of k draft steps) or steps x topk / nodes (an EAGLE-2 tree; acceptance by depth)")
@@ -240,6 +280,12 @@ def main() -> None:
         (r["label"], name, r[f"t_{name}"], r[f"floor_{name}"]) for r in rows for name in ("verify", "draft", "extend")]
     for k, name, t, f in phases:
         print(f"{'-' if k is None else k:>9} {name:>8} {ms(t):>8} {ms(f):>8} {ms(t - f):>8} {f / t:>11.2f}")
+    if args.temperature > 0:
+        us = lambda t: f"{t * 1e6:.0f} us"  # noqa: E731
+        print("choosing tokens, per position (logits row), sampled vs greedy (the last call replayed after the run):")
+        print(f"  plain decode: {us(plain_choice[0])} vs {us(plain_choice[1])}")
+        for r in rows:
+            print(f"  {r['label']:>9} verify: {us(r['t_choice_sampled'])} vs {us(r['t_choice_greedy'])}")
     trees = [r for r in rows if r["topk"] > 1]
     if trees:
         best = max(chains, key=lambda r: r["tokens_per_s"])
@@ -253,7 +299,8 @@ def main() -> None:
               f"{sum(step) / len(step) / t_decode:.3f} of a target decode step (times in ms, means over the decode phase)")
     if args.json:
         args.json.write_text(json.dumps({"plain_tokens_per_s": plain_tps, "t_decode": t_decode,
-                                         "floor_decode": floor_decode, "rows": rows}, indent=2))
+                                         "floor_decode": floor_decode, "plain_choice_sampled": plain_choice[0],
+                                         "plain_choice_greedy": plain_choice[1], "rows": rows}, indent=2))
     if args.plot:
         plot(args, rows, args.plot)
         print(f"wrote {args.plot}")

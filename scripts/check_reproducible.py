@@ -3,9 +3,10 @@
     python scripts/check_reproducible.py                      # batch 16, T = 0.8, top_p = 0.95
     python scripts/check_reproducible.py --temperature 1.0 --top-k 50 --batch-size 8
 
-Runs plain decoding, the default speculative config (fixed k = 3), `speculative.num_steps=5`, and
-`adaptive=throughput` and `adaptive=ema` on the same prompts with per-request seeds,
-and prints per config how many requests emitted exactly plain decoding's token ids, with tau and
+Runs plain decoding, the default speculative config, `speculative.num_steps=5`, and
+`adaptive=throughput` and `adaptive=ema` on the same prompts with per-request seeds, each speculative
+one with `speculative.verify=reproducible` (the mode whose seeded output is plain decoding's), and
+prints per config how many requests emitted exactly plain decoding's token ids, with tau and
 tokens/s. Exits 1 when any differ.
 """
 
@@ -20,12 +21,13 @@ from heldout import heldout_prompts  # noqa: E402
 
 from engine import SamplingParams, build_engine  # noqa: E402
 
+REPRODUCIBLE = "speculative.verify=reproducible"
 CONFIGS = {
     "plain": ["speculative=none", "draft=none"],
-    "default": [],
-    "num_steps=5": ["adaptive=off", "speculative.num_steps=5"],
-    "adaptive=throughput": ["adaptive=throughput"],
-    "adaptive=ema": ["adaptive=ema"],
+    "default": [REPRODUCIBLE],
+    "num_steps=5": ["adaptive=off", "speculative.num_steps=5", REPRODUCIBLE],
+    "adaptive=throughput": ["adaptive=throughput", REPRODUCIBLE],
+    "adaptive=ema": ["adaptive=ema", REPRODUCIBLE],
 }
 
 

@@ -106,6 +106,9 @@ def qwen3_spec_pair(checkpoint, tmp_path_factory):
     return target, {"eagle": trained / "eagle", "eagle3": trained / "eagle3"}
 
 
+# the verify mode of the speculative engines the tests build: seeded sampled output equal to plain
+# decoding's, which most lossless checks compare against (rejection's are checked by distribution)
+VERIFY = "reproducible"
 DRAFT_KIND = {"eagle": "eagle", "eagle3": "eagle3", "hybrid": "eagle3"}  # the head an algorithm drafts with
 # EYAS_TEST_GRAPHS=compile: every engine the tests build runs its forwards as graphs
 GRAPHS = [f"graphs.mode={os.environ['EYAS_TEST_GRAPHS']}"] if os.environ.get("EYAS_TEST_GRAPHS") else []
@@ -122,12 +125,14 @@ def engine_overrides(target, algorithm: str = "none", *extra: str, head: Path | 
     hybrid's trees as many again for its n-gram branches. num_steps=None leaves the shape and the adaptive
     policy to the algorithm's config and `extra`. `head`: the draft model's directory, an EAGLE head of
     kind `draft` (by default the algorithm's own, eagle3 for the hybrid) or the standalone drafter's LM;
-    n-gram lookup has none.
+    n-gram lookup has none. Sampled requests verify as `VERIFY` unless `extra` sets `speculative.verify`.
     """
     overrides = [*GRAPHS] if target is None else [*GRAPHS, f"model.path={target}"]
     if algorithm == "none":
         return [*PLAIN, *overrides, *extra]
     overrides.append(f"speculative={algorithm}")
+    if not any(e.startswith("speculative.verify=") for e in extra):
+        overrides.append(f"speculative.verify={VERIFY}")
     kind = draft or DRAFT_KIND.get(algorithm)
     if kind is not None:
         overrides.append(f"draft={kind}")

@@ -7,7 +7,7 @@ import pytest
 from engine.speculative.adaptive.acceptance import AcceptanceModel
 from engine.speculative.adaptive.controller import AdaptiveController
 from engine.speculative.adaptive.ema import EmaPolicy
-from engine.speculative.adaptive.throughput import STALE_UPDATES, ThroughputPolicy
+from engine.speculative.adaptive.throughput import STALE_UPDATES, SWITCH_MARGIN, ThroughputPolicy
 from engine.speculative.adaptive.tiers import Tier, build_tiers, tier_index
 from engine.speculative.candidate import Candidate
 from engine.speculative.phase_clock import CATCH_UP_PHASE
@@ -219,9 +219,13 @@ def test_controller_pads_batch_to_its_tier_and_counts_switches():
     c = AdaptiveController(tiers, Fixed)
     assert [c.choose(b) for b in (1, 1, 4, 8, 40, 1)] == [C(3), C(3), C(1), C(1), C(0), C(3)]
     c.observe(5, C(1), [1, 0], {})
-    assert c.policies[1].seen == [(C(1), [1, 0])] and not c.policies[0].seen
-    assert c.stats() == {"adaptive_cycles_at_steps": {0: 1, 1: 2, 3: 3}, "adaptive_switches": 3}
-    assert c.history == [[C(3), 2], [C(1), 2], [C(0), 1], [C(3), 1]]  # the choices over time, as runs
+    assert c.policies[False][1].seen == [(C(1), [1, 0])] and not c.policies[False][0].seen
+    c.policies[True][1].choice = C(0)  # sampled batches: their own policies, which learn apart
+    assert c.choose(5, sampled=True) == C(0) and c.choose(5) == C(1)
+    c.observe(5, C(0), [0, 0], {}, sampled=True)
+    assert c.policies[True][1].seen == [(C(0), [0, 0])] and c.policies[False][1].seen == [(C(1), [1, 0])]
+    assert c.stats() == {"adaptive_cycles_at_steps": {0: 2, 1: 3, 3: 3}, "adaptive_switches": 5}
+    assert c.history == [[C(3), 2], [C(1), 2], [C(0), 1], [C(3), 1], [C(0), 1], [C(1), 1]]  # the choices, as runs
     assert c.all_candidates == set(chains(0, 1, 3))
 
 
@@ -325,7 +329,7 @@ GEOMETRIC = {2: [0] * 125 + [1] * 100 + [2] * 400, 3: [0] * 125 + [1] * 100 + [2
     # a probe every second update: the neighbour above first, then the one below, in turn
     (0.25, 3, [3] * 4 + [4] * 4 + [3] * 4 + [2] * 4),
     # at the lowest candidate there is nothing below: both probes go up
-    (0.4, 2, [2] * 4 + [3] * 4 + [2] * 4 + [3] * 4),
+    (0.5, 2, [2] * 4 + [3] * 4 + [2] * 4 + [3] * 4),
 ])
 def test_throughput_explores_one_candidate_per_interval_then_probes_its_neighbours(step_cost, best,
                                                                                   expected_after_exploring):
@@ -344,6 +348,17 @@ def test_throughput_explores_one_candidate_per_interval_then_probes_its_neighbou
     assert all(rates[c] >= 0.9 * rates[C(best)] for c in rates)
     expected = {C(k): (1 + sum(0.8 ** i for i in range(1, k + 1))) / (1 + step_cost * k) for k in (2, 3, 4)}
     assert rates == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("faster,switches", [(1.01, False), (1.10, True)])
+def test_throughput_hands_the_best_over_only_to_a_clear_leader(faster, switches):
+    """Estimates within SWITCH_MARGIN of the best's are noise: the best stays; a clear leader takes over."""
+    p = ThroughputPolicy(chains(1, 2), C(1), AcceptanceModel(1.0), ema_alpha=1.0, update_interval=1, probe_interval=0)
+    p.observe(C(1), [1], {"verify": 1.0})  # explores 1, then 2
+    # 2 steps accept 2 drafts: 3 tokens per cycle against 1's 2; a cycle costing 1.5 / faster
+    p.observe(C(2), [2], {"verify": 1.5 / faster})
+    p.observe(p.choice, [p.choice.num_steps], {"verify": 1.0 if p.choice == C(1) else 1.5 / faster})
+    assert p.best == (C(2) if switches else C(1)), p.estimated_rates()
 
 
 def test_throughput_scales_cycle_time_from_the_nearest_measured_batch_size():
@@ -401,8 +416,14 @@ def test_throughput_weighs_a_tree_shape_by_its_own_acceptance_and_cost(other, tr
         else:
             p.observe(c, chain_accepts(rng, c.num_steps, 0.6), {"verify": 1.0 + 0.15 * c.num_steps})
         seen.append(p.choice)
-    best_chain = C(best_k((1, 2, 3, 4), 0.6, lambda k: 1.0 + 0.15 * k))
-    assert p.best == (other if tree_wins else best_chain), p.estimated_rates()
+    def chain_rate(k):
+        return (1 + sum(0.6 ** i for i in range(1, k + 1))) / (1.0 + 0.15 * k)
+
+    if tree_wins:
+        assert p.best == other, p.estimated_rates()
+    else:  # a chain within the switching margin of the best one (k = 2 and 3 are 0.5% apart)
+        best = best_k((1, 2, 3, 4), 0.6, lambda k: 1.0 + 0.15 * k)
+        assert p.best != other and chain_rate(p.best.num_steps) >= chain_rate(best) / (1 + SWITCH_MARGIN)
     assert seen[-90:].count(p.best) >= 60
     rate = p.estimated_rates()[other]
     assert rate == pytest.approx((1 + tree_accepted) / tree_cost, rel=0.2)
@@ -445,7 +466,7 @@ def test_controller_reports_tree_shapes_by_label():
     assert tiers[0].initial == TREE and tiers[0].candidates == (C(1), C(3), TREE)
     c = AdaptiveController(tiers, Fixed)
     assert c.choose(2) == TREE and c.choose(3) == TREE
-    c.policies[0].choice = C(3)
+    c.policies[False][0].choice = C(3)
     c.choose(1)
     assert c.stats() == {"adaptive_cycles_at_steps": {3: 1, "5x4/16": 2}, "adaptive_switches": 1}
     assert c.history == [[TREE, 2], [C(3), 1]]

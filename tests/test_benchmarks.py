@@ -53,6 +53,25 @@ def test_bench_quant_times_every_format_and_reports_quality(tmp_path):
     assert abs(quality["int8"]["loss_vs_float32"]) < 0.02  # the shipped target keeps its loss in int8
 
 
+def test_bench_sampled_runs_every_config_in_both_verify_modes(tmp_path):
+    out = run_script("bench_sampled.py", "--batch-sizes", "2", "--configs", "k=2,ngram", "--num-prompts", "2",
+                     "--max-new-tokens", "6", "--json", str(tmp_path / "sampled.json"))
+    result = json.loads((tmp_path / "sampled.json").read_text())["batch 2, T=0.8"]
+    assert set(result) == {"plain", "k=2 reproducible", "k=2 rejection", "ngram reproducible", "ngram rejection"}
+    # the reproducible mode's seeded output is plain decoding's
+    assert result["k=2 reproducible"]["same_as_plain"] and result["ngram reproducible"]["same_as_plain"]
+    assert all(r["tokens_per_s"] > 0 for r in result.values()) and "k=2 rejection" in out
+
+
+def test_bench_spec_reports_the_cost_of_a_sampled_position(tmp_path):
+    out = run_script("bench_spec.py", "--ks", "2", "--trees", "", "--num-prompts", "2", "--max-new-tokens", "8",
+                     "--temperature", "0.8", "--top-p", "0.95", "--json", str(tmp_path / "spec.json"))
+    assert "choosing tokens, per position (logits row), sampled vs greedy" in out
+    result = json.loads((tmp_path / "spec.json").read_text())
+    row = result["rows"][0]
+    assert row["t_choice_sampled"] > 0 and row["t_choice_greedy"] > 0 and result["plain_choice_sampled"] > 0
+
+
 def test_bench_spec_prints_phase_floors(tmp_path):
     out = run_script("bench_spec.py", "--ks", "2", "--trees", "3:2:5", "--num-prompts", "2", "--max-new-tokens", "8",
                      "--json", str(tmp_path / "spec.json"), "--plot", str(tmp_path / "spec.png"))

@@ -212,6 +212,8 @@ def test_resolve_is_idempotent_and_neither_step_changes_its_input(overrides):
 def test_enum_errors_list_allowed_values(gqa_checkpoint):
     with pytest.raises(ConfigError, match="torch_native"):
         compose_config([*PLAIN, f"model.path={gqa_checkpoint}", "attention.backend=flash"])
+    with pytest.raises(ConfigError, match=r"speculative.verify(.|\n)*reproducible(.|\n)*rejection"):
+        compose_config([f"model.path={gqa_checkpoint}", "speculative.verify=exact"])
 
 
 def test_missing_model_path_names_it():

@@ -141,8 +141,12 @@ def test_top_k_of_one_is_the_argmax_at_any_temperature():
     assert torch.equal(Sampler().sample(logits, batch)[:, 0], logits.argmax(dim=-1))
 
 
-def test_only_filtered_rows_are_ranked():
-    """Without top-k or top-p nothing is sorted; with top-k only the k best columns are ranked."""
+def test_only_filtered_rows_are_ranked(monkeypatch):
+    """Without top-k or top-p nothing is sorted; with top-k (in a large vocabulary) only the k best
+    columns are ranked."""
+    from engine import sampling
+
+    monkeypatch.setattr(sampling, "SMALL_VOCABULARY", 0)  # 500 columns: as a large vocabulary's
     logits = torch.randn(3, 500, generator=torch.Generator().manual_seed(5))
     t, off_k, off_p = torch.ones(3), torch.zeros(3, dtype=torch.int64), torch.ones(3)
     probs, columns = filtered_sorted(logits, t, off_k, off_p)
@@ -159,3 +163,26 @@ def test_top_p_covered_by_the_first_token_keeps_only_it():
     params = [SamplingParams(temperature=1.0, top_p=0.6)] * n
     batch = SamplingBatch.of(params, [keyed_random.seed_words(s) for s in range(n)], [0] * n, "cpu")
     assert (Sampler().sample(logits.expand(n, -1), batch)[:, 0] == 4).all()
+
+
+def test_host_hash_gives_the_tensor_hash_bits():
+    """A step's few keys and stream uniforms are hashed on the host: bit for bit the tensor hash's."""
+    from engine.sampling import STREAMS
+
+    rng = random.Random(3)
+    words = [keyed_random.seed_words(rng.randrange(2**64)) for _ in range(20)]
+    positions = [rng.randrange(2**31) for _ in range(20)]
+    keys = keyed_random.row_keys(torch.tensor(words), torch.tensor(positions))
+    assert keys.tolist() == [list(keyed_random.row_keys_host(w, p)) for w, p in zip(words, positions)]
+    ids = torch.tensor([0, 1, 4095, 2**31 - 1, *STREAMS])
+    bits = torch.tensor([[keyed_random.hash_host(tuple(k), i) for i in ids.tolist()] for k in keys.tolist()])
+    assert torch.equal(keyed_random.to_uniforms(bits), keyed_random.uniforms(keys, ids))
+    # a batch's window: hashed on the host (few positions) or as tensors (many), the same values
+    params = [SamplingParams(temperature=1.0)] * 20
+    small = SamplingBatch.of(params, words, positions, "cpu", horizon=3)
+    large = SamplingBatch.of(params, words, positions, "cpu", horizon=3)
+    small._window(3)
+    large._window(100)  # 20 x 100 positions: past the host limit
+    assert torch.equal(small.keys(3), large.keys(3))
+    for stream in STREAMS:
+        assert torch.equal(small.uniforms(stream, 2, 1), large.uniforms(stream, 2, 1))

@@ -83,3 +83,29 @@ def test_sampled_frequencies_match_distribution(tiny_vocab, temperature, top_k, 
     if top_k or top_p < 1:  # the test has power: the unfiltered distribution is rejected
         unfiltered = reference_probs(logits, temperature, 0, 1.0)
         assert chi_square_p_value(counts, unfiltered) < 1e-6
+
+
+@pytest.mark.parametrize("scale", [0.3, 3.0, 12.0])  # flat rows reach past the candidates; peaked ones do not
+def test_filters_on_candidates_and_on_every_column_give_the_reference_distribution(scale, monkeypatch):
+    """Both ways `filtered_sorted` computes the filtered distribution (a sort of the best `CANDIDATES`
+    columns, or every column bucketed without a sort) give temperature -> top-k -> top-p exactly, rows
+    filtered differently in one batch."""
+    from engine import sampling
+    from engine.sampling import filtered_all_columns, filtered_sorted
+
+    monkeypatch.setattr(sampling, "SMALL_VOCABULARY", 0)  # 300 columns: as a large vocabulary's
+
+    gen = torch.Generator().manual_seed(int(scale * 10))
+    settings = [(1.0, 0, 0.9), (0.7, 0, 0.5), (1.3, 40, 1.0), (0.8, 100, 0.95), (0.6, 3, 0.99), (1.0, 0, 1.0)]
+    logits = torch.randn(len(settings), 300, generator=gen) * scale
+    temperature, top_k, top_p = (torch.tensor(col) for col in zip(*settings))
+    expected = torch.stack([reference_probs(row, *s) for row, s in zip(logits, settings)]).float()
+    filtered = slice(0, len(settings) - 1)  # without the unfiltered row, which takes every column
+    probs, columns = filtered_sorted(logits[filtered], temperature[filtered], top_k[filtered], top_p[filtered])
+    assert columns is not None or scale < 10  # peaked rows: every nucleus among the candidates
+    dense = probs if columns is None else torch.zeros_like(logits[filtered]).scatter_(1, columns, probs)
+    everywhere = filtered_all_columns(logits / temperature[:, None], top_k, top_p)
+    for got, want in ((dense, expected[filtered]), (everywhere, expected)):
+        clear = (got > 1e-12) | (want > 1e-12)  # float32 tails round where float64 ones do not
+        assert torch.equal((got > 0)[clear], (want > 0)[clear])
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)

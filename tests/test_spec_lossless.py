@@ -9,7 +9,6 @@ from conftest import PROMPTS, engine_overrides
 from engine import SamplingParams, build_engine
 from engine.sampling import SamplingBatch
 from engine.speculative.candidate import Candidate
-from engine.speculative.tree import DraftTree
 
 PARAMS = SamplingParams(max_new_tokens=28, ignore_eos=True)
 
@@ -63,12 +62,12 @@ def test_a_tree_of_one_child_per_node_is_the_chain(spec_pair, kind, temperature,
         sampling = SamplingBatch.of_requests(running, torch.device("cpu"))
         bonus = torch.tensor([r.output_ids[-1] for r in running])
         head, state = eng.worker.drafter.head, eng.worker.state
-        chain = head.chain(rows, lens, sampling, 4, state.draft_decode_backend)
+        chain = head.chain(rows, lens, sampling, bonus, 4, state.draft_decode_backend)
         tree = head.tree(rows, lens, sampling, bonus, Candidate(4, 1, 5), state.draft_decode_backend)
-        fast = eng.worker.verifier.verify(rows, lens, DraftTree.chain(bonus, chain), sampling, state)
+        fast = eng.worker.verifier.verify(rows, lens, chain, sampling, state)
         general = eng.worker.verifier.verify(rows, lens, tree, sampling, state)
         eng.abort(requests)
-    assert torch.equal(tree.tokens[:, 1:], chain) and torch.equal(tree.tokens[:, 0], bonus)
+    assert torch.equal(tree.tokens, chain.tokens) and torch.equal(tree.tokens[:, 0], bonus)
     assert tree.parents.tolist() == [[-1, 0, 1, 2, 3]] * len(running) and not tree.is_chain
     assert fast.emitted == general.emitted and torch.equal(fast.keep, general.keep)
     assert fast.reach == general.reach == [4] * len(running)

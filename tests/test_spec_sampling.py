@@ -54,15 +54,21 @@ RUNS = [pytest.param(*case, *shape, id=f"{'-'.join(map(str, case))}-{name}",
         for name, shape in SHAPES.items() for case in CASES]
 
 
+@pytest.mark.parametrize("verify", ["reproducible", "rejection"])
 @pytest.mark.parametrize("draft_sampling", ["greedy", "sample"])
 @pytest.mark.parametrize("temperature,top_k,top_p,topk,nodes", RUNS)
-def test_speculative_sampling_matches_target_distribution(tiny_pair, draft_sampling, temperature, top_k, top_p,
-                                                          topk, nodes):
+def test_speculative_sampling_matches_target_distribution(tiny_pair, verify, draft_sampling, temperature, top_k,
+                                                          top_p, topk, nodes):
+    check_distribution(tiny_pair, verify, draft_sampling, temperature, top_k, top_p, topk, nodes)
+
+
+def check_distribution(tiny_pair, verify, draft_sampling, temperature, top_k, top_p, topk, nodes):
     target, head = tiny_pair
     expected = exact_marginals(target, temperature, top_k, top_p)
     params = [SamplingParams(max_new_tokens=3, temperature=temperature, top_k=top_k, top_p=top_p, seed=s,
                              ignore_eos=True) for s in range(NUM_SAMPLES)]
     overrides = engine_overrides(target, "eagle", f"speculative.draft_sampling={draft_sampling}",
+                                 f"speculative.verify={verify}",
                                  "cache.max_running_requests=512", head=head, num_steps=2, topk=topk, nodes=nodes)
     with build_engine(overrides) as eng:
         outs = eng.generate(prompt_token_ids=[PROMPT] * NUM_SAMPLES, sampling=params)

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.speculative.rejection import DraftProbs
+
 UNFILLED = -1  # the token of a node nothing filled (a hole in a chain, padding in a tree): never accepted
 NO_PARENT = -1  # the root's parent
 
@@ -24,11 +26,14 @@ class DraftTree:
     _parents: torch.Tensor | None = None  # [B, N] int64 node index of each node's parent, NO_PARENT at the root
     _depths: torch.Tensor | None = None  # [B, N] int64, 0 at the root
     is_chain: bool = False  # node j's parent is j - 1 (parents and depths then made on demand)
+    # a chain's drafts drawn from the draft's distributions (rejection verification); None: deterministic drafts
+    draft_probs: DraftProbs | None = None
 
     @classmethod
-    def chain(cls, bonus: torch.Tensor, drafts: torch.Tensor) -> "DraftTree":
+    def chain(cls, bonus: torch.Tensor, drafts: torch.Tensor, draft_probs: DraftProbs | None = None) -> "DraftTree":
         """bonus [B], drafts [B, w] (UNFILLED after a request's last draft) -> the chains [bonus, d_1..d_w]."""
-        return cls(torch.cat([bonus[:, None].to(drafts.device), drafts], dim=1), is_chain=True)
+        return cls(torch.cat([bonus[:, None].to(drafts.device), drafts], dim=1), is_chain=True,
+                   draft_probs=draft_probs)
 
     @property
     def num_nodes(self) -> int:

@@ -8,6 +8,10 @@ emitted after them. So the emitted tokens are exactly those plain decoding would
 positions: for greedy requests the argmax, for sampled ones a draw from the target's filtered
 distribution with the same noise. This is "draw y from p, descend iff y is a child", exact for any
 drafter. A chain (the one-child tree) takes the fast path: causal attention and a prefix match.
+
+That is `verify: reproducible`, sampled output equal to plain decoding's. `verify: rejection` verifies
+sampled requests by speculative rejection sampling instead (`rejection.py`): more drafts accepted, the
+output still distributed as plain decoding's but not the same draws.
 """
 
 from dataclasses import dataclass
@@ -17,6 +21,7 @@ import torch
 from engine.forward_batch import ForwardBatch
 from engine.runner import ForwardOutput, ModelRunner
 from engine.sampling import Sampler, SamplingBatch
+from engine.speculative import rejection
 from engine.speculative.tree import DraftTree
 
 
@@ -34,10 +39,12 @@ class Verified:
 
 
 class TargetVerifier:
-    def __init__(self, target_runner: ModelRunner, req_to_token: torch.Tensor, sampler: Sampler):
+    def __init__(self, target_runner: ModelRunner, req_to_token: torch.Tensor, sampler: Sampler,
+                 mode: str = "reproducible"):
         self.target_runner = target_runner
         self.req_to_token = req_to_token
         self.sampler = sampler
+        self.mode = mode  # "reproducible" | "rejection"
 
     def verify(self, rows: list[int], prefix_lens: list[int], tree: DraftTree, sampling: SamplingBatch,
                state) -> Verified:
@@ -53,17 +60,35 @@ class TargetVerifier:
                                           tree.ancestor_mask(), self.req_to_token)
         out = self.target_runner.forward(batch, logits_indices=state.verify_buffers.indices(b, n),
                                          attn_backend=state.verify_backend, graph=state.verify_graph)
-        offsets = None if tree.is_chain else tree.depths  # a chain's node j sits at depth j
-        target = self.sampler.sample(out.logits, sampling, width=n, offsets=offsets)  # [B, N] the target's choices
-        if tree.is_chain:
-            accept_lens = accept_lengths(tree.tokens[:, 1:].to(target.device), target)
-            path = torch.arange(n, device=target.device).expand(b, n)
-            chosen = target
+        accept_lens, path, chosen = self.accept(out.logits, tree, sampling)
+        return self._verified(prefix_lens, tree, out, accept_lens, path, chosen)
+
+    def accept(self, logits: torch.Tensor, tree: DraftTree, sampling: SamplingBatch
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The accept rule over the verify forward's logits [B * N, V]: (accept_lens [B], path [B, N],
+        chosen [B, N]); request b emits chosen[b, :accept_lens[b]], chosen at the nodes path[b, :accept_lens[b]]."""
+        b, n = tree.tokens.shape
+        drafts = tree.tokens[:, 1:].to(logits.device)
+        chain_path = torch.arange(n, device=logits.device).expand(b, n)
+        if self.mode == "rejection" and not sampling.all_greedy:
+            if tree.is_chain:
+                accept_lens, chosen = rejection.verify_chain(logits, drafts, sampling, tree.draft_probs)
+                return accept_lens, chain_path, chosen
+            target = rejection.tree_choices(logits, sampling, tree.depths)
         else:
-            accept_lens, path = walk_tree(tree, target, use_kernel=target.device.type == "cuda")
-            chosen = target.gather(1, path.clamp(min=0))
-        on_path = torch.arange(n, device=target.device) < accept_lens[:, None]  # [B, N]
-        keep = (torch.arange(b, device=target.device)[:, None] * n + path)[on_path]
+            offsets = None if tree.is_chain else tree.depths  # a chain's node j sits at depth j
+            target = self.sampler.sample(logits, sampling, width=n, offsets=offsets)  # [B, N] the target's choices
+            if tree.is_chain:
+                return accept_lengths(drafts, target), chain_path, target
+        accept_lens, path = walk_tree(tree, target, use_kernel=target.device.type == "cuda")
+        return accept_lens, path, target.gather(1, path.clamp(min=0))
+
+    @staticmethod
+    def _verified(prefix_lens: list[int], tree: DraftTree, out: ForwardOutput, accept_lens: torch.Tensor,
+                  path: torch.Tensor, chosen: torch.Tensor) -> Verified:
+        b, n = path.shape
+        on_path = torch.arange(n, device=path.device) < accept_lens[:, None]  # [B, N]
+        keep = (torch.arange(b, device=path.device)[:, None] * n + path)[on_path]
         emitted = [row[:m] for row, m in zip(chosen.tolist(), accept_lens.tolist())]
         return Verified(list(prefix_lens), emitted, path, on_path, keep, out, tree.reach().tolist())
 

@@ -32,12 +32,12 @@ from engine.speculative.verify import TargetVerifier, Verified
 
 class SpeculativeWorker:
     def __init__(self, target_runner: ModelRunner, drafter: Drafter, req_to_token: torch.Tensor, sampler: Sampler,
-                 initial_state: SpecRuntimeState):
+                 initial_state: SpecRuntimeState, verify: str = "reproducible"):
         self.target_runner = target_runner
         self.drafter = drafter
         self.req_to_token = req_to_token
         self.sampler = sampler
-        self.verifier = TargetVerifier(target_runner, req_to_token, sampler)
+        self.verifier = TargetVerifier(target_runner, req_to_token, sampler, verify)
         self.counters = SpecCounters()
         self.candidate_states: dict = {}  # Candidate -> its SpecRuntimeState
         self.controller = None
@@ -84,8 +84,9 @@ class SpeculativeWorker:
 
     def decode(self, requests: list[Request]) -> list[list[int]]:
         """One iteration, with its bookkeeping around it."""
+        sampled = 2 * sum(not r.params.greedy for r in requests) > len(requests)  # most requests sample
         if self.controller is not None:
-            self.apply_runtime_state(self.candidate_states[self.controller.choose(len(requests))])
+            self.apply_runtime_state(self.candidate_states[self.controller.choose(len(requests), sampled)])
         clock = PhaseClock(self.req_to_token.device, sync=self.controller is not None and self.controller.needs_timings)
         self.drafter.prepare(requests, self.state)
         clock.lap(CATCH_UP_PHASE)
@@ -95,14 +96,15 @@ class SpeculativeWorker:
             request.spec_counters.record(reach, len(tokens))
         if self.controller is not None:
             self.controller.observe(len(requests), self.state.candidate, [len(e) - 1 for e in verified.emitted],
-                                    clock.times)
+                                    clock.times, sampled)
         return verified.emitted
 
     def iterate(self, requests: list[Request], clock: PhaseClock) -> Verified:
         """propose -> verify -> commit -> extend, on the live runtime state."""
         state = self.state
         rows, prefix_lens = [r.row for r in requests], [r.num_computed for r in requests]
-        sampling = SamplingBatch.of_requests(requests, self.req_to_token.device)
+        # the positions this cycle samples: the drafts' and the verified nodes' (depth 0 .. num_steps)
+        sampling = SamplingBatch.of_requests(requests, self.req_to_token.device, horizon=state.candidate.num_steps + 1)
         bonus = torch.tensor([r.output_ids[-1] for r in requests], dtype=torch.int64, device=self.req_to_token.device)
         tree = self.drafter.propose(requests, sampling, bonus, state)
         clock.lap("draft")

@@ -13,8 +13,9 @@ rate = expected tokens / seconds.
 It first runs `update_interval` cycles at each candidate (the initial one, then chains outwards from
 its step count, then tree shapes and other drafters), skipping one that the measurements so far
 already estimate more than `PROBE_MARGIN` below the best (so a costly deep k need not be tried),
-then every `update_interval` cycles takes the best estimate. Every `probe_interval` updates it
-spends one interval on a probe, in turn: the chain above the best, the chain below it (when the best
+then every `update_interval` cycles takes the best estimate (when it beats the current best's by more
+than `SWITCH_MARGIN`: estimates within that of each other are noise on this machine). Every
+`probe_interval` updates it spends one interval on a probe, in turn: the chain above the best, the chain below it (when the best
 is not a chain: the best chain), then each other candidate. A probe estimated more than
 `PROBE_MARGIN` below the best is skipped for the next in turn, unless it has not run for
 `STALE_UPDATES` updates (an estimate from a few cycles of bursty acceptance, n-gram lookup's above
@@ -32,6 +33,7 @@ from engine.speculative.phase_clock import CATCH_UP_PHASE
 
 
 PROBE_MARGIN = 0.1  # probe a candidate estimated at >= (1 - margin) x the best rate
+SWITCH_MARGIN = 0.03  # a candidate becomes the best when estimated at > (1 + margin) x the best's rate
 # a tree's or another drafter's cycles differ more from one to the next than a chain's (n-gram lookup
 # finds a long match or none): their acceptance and cost are averaged over more cycles
 OWN_ALPHA = 0.05
@@ -114,7 +116,11 @@ class ThroughputPolicy:
         rates = self.estimated_rates()
         known = {c: r for c, r in rates.items() if r is not None}
         if known:
-            self.best = max(known, key=known.get)
+            leader = max(known, key=known.get)
+            # the best changes hands only to a clear leader: cycle times here vary by a third from one
+            # cycle to the next, and each switch to a slower candidate costs its interval
+            if known.get(self.best) is None or known[leader] > (1 + SWITCH_MARGIN) * known[self.best]:
+                self.best = leader
         choice = self.best
         if self.probe_interval and self.updates % self.probe_interval == 0:
             choice = self._probe(rates) or self.best

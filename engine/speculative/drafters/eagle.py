@@ -44,9 +44,8 @@ class EagleDrafter:
         rows, seq_lens = [r.row for r in requests], [r.num_computed for r in requests]
         self.catch_up(rows)
         if candidate.is_chain:
-            drafts = self.head.chain(rows, seq_lens, sampling, candidate.num_steps, state.draft_decode_backend,
-                                     graph=state.draft_graph)
-            return DraftTree.chain(bonus, drafts)
+            return self.head.chain(rows, seq_lens, sampling, bonus, candidate.num_steps, state.draft_decode_backend,
+                                   graph=state.draft_graph)
         return self.head.tree(rows, seq_lens, sampling, bonus, candidate, state.draft_decode_backend,
                               graph=state.draft_graph)
 

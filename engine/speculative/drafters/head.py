@@ -16,6 +16,7 @@ from engine.attention.multi_step import MultiStepDraftBackend
 from engine.forward_batch import ForwardBatch
 from engine.runner import ModelRunner
 from engine.sampling import Sampler, SamplingBatch
+from engine.speculative import rejection
 from engine.speculative.candidate import Candidate
 from engine.speculative.drafters.draft_state_buffers import DraftStateBuffers
 from engine.speculative.tree import DraftTree, select_tree
@@ -23,12 +24,14 @@ from engine.speculative.tree import DraftTree, select_tree
 
 class DraftHead:
     def __init__(self, runner: ModelRunner, req_to_token: torch.Tensor, buffers: DraftStateBuffers,
-                 sampler: Sampler, draft_sampling: str, tree_score_temperature: float = 1.0):
+                 sampler: Sampler, draft_sampling: str, tree_score_temperature: float = 1.0,
+                 verify: str = "reproducible"):
         self.runner = runner
         self.req_to_token = req_to_token
         self.buffers = buffers
         self.sampler = sampler
         self.draft_sampling = draft_sampling  # "greedy" | "sample"
+        self.verify = verify  # the verify mode the drafts are for: "reproducible" | "rejection"
         # trees rank nodes by cumulative log-softmax(logits / this): below 1 sharpens an under-confident head
         self.tree_score_temperature = tree_score_temperature
         self.draft_extend_backend = runner.attn_backend  # bound by bindings.bind_runtime_state
@@ -62,22 +65,31 @@ class DraftHead:
         out = self.runner.forward(batch, **inputs)
         self.buffers.store(batch.req_rows, out.hidden[batch.last_token_indices], out.logits)  # logits: [B, Vd]
 
-    def chain(self, rows: list[int], seq_lens: list[int], sampling: SamplingBatch, num_steps: int,
-              decode_backend: MultiStepDraftBackend | None, graph=None) -> torch.Tensor:
-        """Propose `num_steps` tokens (k >= 1) per request after its committed `seq_lens` tokens: drafts [B, k]
-        (target ids). Greedy drafting takes the head's argmax; `draft_sampling: sample` lets sampled
-        requests draw from the head's filtered distribution with the noise the target's verification
-        uses at the same output position (coupled draws: a draft head close to the target proposes
-        the target's own sample)."""
+    def _sampled_drafts(self, sampling: SamplingBatch, verify: str) -> bool:
+        return self.draft_sampling == "sample" and self.verify == verify and not sampling.all_greedy
+
+    def chain(self, rows: list[int], seq_lens: list[int], sampling: SamplingBatch, bonus: torch.Tensor,
+              num_steps: int, decode_backend: MultiStepDraftBackend | None, graph=None) -> DraftTree:
+        """Propose `num_steps` tokens (k >= 1) per request after its committed `seq_lens` tokens: the
+        chains [bonus, d_1..d_k] (target ids). Greedy drafting takes the head's argmax; `draft_sampling:
+        sample` lets sampled requests draw from the head's filtered distribution: for reproducible
+        verification with the noise the target uses at the same output position (coupled draws: a head
+        close to the target proposes the target's own sample), for rejection verification independently,
+        keeping the distributions drawn from (`DraftTree.draft_probs`)."""
         row_t = torch.tensor(rows, dtype=torch.int64, device=self.req_to_token.device)
         hidden, logits = self.buffers.load(row_t)  # [B, H], [B, Vd]
-        coupled = self.draft_sampling == "sample" and not sampling.all_greedy
+        coupled = self._sampled_drafts(sampling, "reproducible")
+        drawn = self._sampled_drafts(sampling, "rejection")
         columns = self.model.draft_token_ids() if coupled else None  # target ids of the draft vocabulary
-        tokens = []
+        tokens, probs = [], []
         for step in range(num_steps):
             if coupled:
                 token = self.model.draft_to_target(self.sampler.sample(logits, sampling, offset=step,
                                                                        token_ids=columns)[:, 0])
+            elif drawn:
+                draft_columns, (q, q_columns) = rejection.draw_drafts(logits, sampling, offset=step)
+                token = self.model.draft_to_target(draft_columns)
+                probs.append((q, self.model.draft_to_target(q_columns)))
             else:
                 token = self.model.draft_to_target(logits.argmax(dim=-1))
             tokens.append(token)
@@ -88,7 +100,10 @@ class DraftHead:
             backend = decode_backend.backend_for_step(step)
             out = self.runner.forward(batch, attn_backend=backend, graph=graph, **self._features_input(hidden))
             hidden, logits = out.hidden, out.logits
-        return torch.stack(tokens, dim=1)
+        draft_probs = None
+        if drawn:
+            draft_probs = rejection.DraftProbs.of_steps(probs)
+        return DraftTree.chain(bonus, torch.stack(tokens, dim=1), draft_probs)
 
     def tree(self, rows: list[int], seq_lens: list[int], sampling: SamplingBatch, bonus: torch.Tensor,
              shape: Candidate, decode_backend: MultiStepDraftBackend | None, graph=None) -> DraftTree:
@@ -100,8 +115,8 @@ class DraftHead:
         `topk` children for each. Every proposed node is a candidate; the tree keeps the root and the
         best `num_nodes - 1` candidates. Scores are log-probabilities of the head's logits divided by
         `tree_score_temperature` (1: EAGLE-2's own). Children are the head's `topk` best tokens, or, for sampled
-        requests with `draft_sampling: sample`, its first `topk` in the race the verification's noise
-        runs at that depth (the first of them is the chain's coupled draw).
+        requests with `draft_sampling: sample` and reproducible verification, its first `topk` in the race
+        the verification's noise runs at that depth (the first of them is the chain's coupled draw).
 
         Each later step's forward runs the frontier alone, one query per node: node j of step s is written
         at column L + (s - 1) * topk + j (L = seq_lens), sits at position L + s - 1 and reads the committed
@@ -110,7 +125,8 @@ class DraftHead:
         row_t = torch.tensor(rows, dtype=torch.int64, device=device)
         hidden, logits = self.buffers.load(row_t)  # the root's: [B, H], [B, Vd]
         b, k, num_steps = len(rows), shape.topk, shape.num_steps
-        coupled = self.draft_sampling == "sample" and not sampling.all_greedy
+        # rejection verification: deterministic children (the head's top-k), see `rejection.py`
+        coupled = self._sampled_drafts(sampling, "reproducible")
         columns = self.model.draft_token_ids() if coupled else None
         prefix = torch.tensor(seq_lens, dtype=torch.int64, device=device)
 

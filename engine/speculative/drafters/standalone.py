@@ -42,11 +42,11 @@ class StandaloneDrafter:
             return self.head.tree(rows, after_bonus, sampling, bonus, candidate, state.draft_decode_backend,
                                   graph=state.draft_graph)
         # feeds the bonus's k - 1 successors at L+1..L+k-1
-        drafts = self.head.chain(rows, after_bonus, sampling, candidate.num_steps, state.draft_decode_backend,
-                                 graph=state.draft_graph)
+        chain = self.head.chain(rows, after_bonus, sampling, bonus, candidate.num_steps, state.draft_decode_backend,
+                                graph=state.draft_graph)
         for request in requests:
             self.computed[request.row] = request.num_computed + candidate.num_steps
-        return DraftTree.chain(bonus, drafts)
+        return chain
 
     def after_verify(self, requests: list[Request], verified: Verified, state) -> None:
         for request, start, tokens in zip(requests, verified.prefix_lens, verified.emitted):  # roll back to the accepted prefix
