@@ -35,13 +35,15 @@ SAMPLING_TESTS = ["tests/test_keyed_random.py", "tests/test_sampling.py", "tests
                   "tests/test_spec_sampling.py", "tests/test_engine_limits.py"]
 SPEC_TESTS = ["tests/test_spec_bookkeeping.py", "tests/test_spec_contract.py", "tests/test_spec_lossless.py",
               "tests/test_reproducible_sampling.py", "tests/test_engine_limits.py", "tests/test_adaptive_lossless.py",
-              "tests/test_adaptive_scope.py", "tests/test_spec_sampling.py", "tests/test_shipped.py"]
+              "tests/test_adaptive_scope.py", "tests/test_spec_sampling.py", "tests/test_rejection_verify.py",
+              "tests/test_shipped.py"]
 ADAPTIVE_TESTS = ["tests/test_adaptive_policies.py", "tests/test_adaptive_lossless.py", "tests/test_adaptive_scope.py",
-                  "tests/test_reproducible_sampling.py"]
+                  "tests/test_reproducible_sampling.py", "tests/test_rejection_verify.py"]
 # file (or folder prefix) -> the tests that should catch its mutants, fastest first
 TESTS_FOR = {
     "engine/sampling.py": SAMPLING_TESTS,
     "engine/keyed_random.py": SAMPLING_TESTS,
+    "engine/speculative/rejection.py": ["tests/test_spec_sampling.py", "tests/test_rejection_verify.py"],
     "engine/stopping.py": ["tests/test_stopping.py", "tests/test_engine_limits.py", "tests/test_spec_lossless.py"],
     "engine/speculative/adaptive/": ADAPTIVE_TESTS,
     "engine/speculative/drafters/": [*SPEC_TESTS, "tests/test_spec_ngram.py", "tests/test_spec_standalone.py",

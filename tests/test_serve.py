@@ -93,13 +93,23 @@ def test_stop_strings_cut_streamed_and_non_streamed_text_alike(client, offline):
             assert not any(s in text for s in stop)
 
 
-def test_seeded_sampling_repeats_and_equals_the_offline_engine(client, offline):
+def test_seeded_sampling_repeats_and_equals_the_offline_engine(tmp_path):
+    """Under `speculative.verify=reproducible` a seed fixes the text: the server's equals the offline
+    engine's and repeats. (The default, rejection sampling, draws from the same distribution, but its
+    tokens follow the drafts and the adaptive schedule.)"""
+    reproducible = "speculative.verify=reproducible"
     params = dict(temperature=0.9, top_p=0.95, seed=1234)
-    expected = offline_texts(offline, SERVED_PROMPTS[:2], max_new_tokens=30, top_k=50, **params)
-    for prompt, text in zip(SERVED_PROMPTS[:2], expected):
-        runs = [client.completions.create(model=MODEL, prompt=prompt, max_tokens=30, extra_body={"top_k": 50},
-                                          **params).choices[0].text for _ in range(2)]
-        assert runs == [text, text]
+    with build_engine([reproducible]) as engine:
+        expected = offline_texts(engine, SERVED_PROMPTS[:2], max_new_tokens=30, top_k=50, **params)
+    process = ServerProcess(reproducible, cwd=tmp_path)
+    try:
+        client = OpenAI(base_url=process.base + "/v1", api_key="unused", max_retries=0)
+        for prompt, text in zip(SERVED_PROMPTS[:2], expected):
+            runs = [client.completions.create(model=MODEL, prompt=prompt, max_tokens=30, extra_body={"top_k": 50},
+                                              **params).choices[0].text for _ in range(2)]
+            assert runs == [text, text]
+    finally:
+        process.stop()
 
 
 def test_token_id_prompts(client, offline):
