@@ -55,8 +55,10 @@ def uniforms(keys: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
 
 
 def to_uniforms(bits: torch.Tensor) -> torch.Tensor:
-    """32-bit hash values (int64) -> float32 uniforms in (0, 1): the top 24 bits, centred."""
-    return ((bits >> 8).float() + 0.5) * (1.0 / 2**24)
+    """32-bit hash values (int64) -> float32 uniforms in (0, 1): the top 24 bits, centred. The top value,
+    2**24 - 0.5, rounds to 2**24 in float32: it is clamped below 1 (E = -log u > 0, an exponential race
+    never divides by zero)."""
+    return (((bits >> 8).float() + 0.5) * (1.0 / 2**24)).clamp_(max=1.0 - 2**-24)
 
 
 # The same hash on host integers, for the few values a step's keys and streams need (tens of positions):

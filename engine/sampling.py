@@ -30,16 +30,17 @@ def filtered_sorted(logits: torch.Tensor, temperature: torch.Tensor, top_k: torc
 
     Returns the filtered distribution (temperature, then top-k, then top-p over the top-k mass) as
     (probs [R, n], columns [R, n]) in descending order, cut after the longest row's support, when every
-    row's support lies among its `CANDIDATES` best columns (or its top-k); else, and for a vocabulary of
-    at most `SMALL_VOCABULARY` columns, (probs [R, C], None) over every column, zero outside each row's
-    support (`filtered_all_columns`: no sort)."""
+    row's support lies among its `CANDIDATES` best columns (or its top-k); else (an unfiltered row in
+    the batch, a nucleus past the candidates, a vocabulary of at most `SMALL_VOCABULARY` columns),
+    (probs [R, C], None) over every column, zero outside each row's support (`filtered_all_columns`: no
+    sort). The two agree up to float rounding of the mass before a column at the nucleus's edge."""
     logits = logits.float() / temperature[:, None]
     num_columns = logits.shape[-1]
     unfiltered = (top_k <= 0) & (top_p >= 1.0)
     if bool(unfiltered.all()):
         return logits.softmax(dim=-1), None
     has_k = top_k > 0
-    width = min(num_columns, max(int(top_k.max()), CANDIDATES))
+    width = min(num_columns, max(int(top_k.max()), CANDIDATES))  # a top_k past the vocabulary: every column
     if bool(unfiltered.any()) or width == num_columns or num_columns <= SMALL_VOCABULARY:
         return filtered_all_columns(logits, top_k, top_p), None
     values, columns = logits.topk(width, dim=-1)  # sorted, descending
@@ -65,11 +66,13 @@ def filtered_all_columns(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch
     reaches top_p are kept whole, buckets below it dropped, and only that bucket's columns are ranked
     to find where the nucleus ends (a column is kept iff the mass ranked before it is below top_p)."""
     rows, num_columns = logits.shape
-    has_k = top_k > 0
-    if bool(has_k.any()):
-        kmax = int(top_k.max())
-        kth = logits.topk(kmax, dim=-1).values.gather(1, (top_k.clamp(min=1) - 1)[:, None])  # [R, 1]
-        logits = logits.masked_fill(has_k[:, None] & (logits < kth), float("-inf"))
+    has_k = (top_k > 0) & (top_k < num_columns)
+    if bool(has_k.any()):  # exactly the k best by rank, as the candidate path (ties at the k-th value cut)
+        kmax = int(top_k[has_k].max())
+        best = logits.topk(kmax, dim=-1).indices
+        ranked = torch.arange(kmax, device=logits.device)[None, :] < top_k[:, None]
+        kept = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device).scatter_(1, best, ranked)
+        logits = logits.masked_fill(has_k[:, None] & ~kept, float("-inf"))
     probs = logits.softmax(dim=-1)
     has_p = top_p < 1.0
     if not bool(has_p.any()):
@@ -80,8 +83,9 @@ def filtered_all_columns(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch
     cumulative = mass.cumsum(dim=1)
     crossing = (cumulative < top_p[:, None]).sum(dim=1, keepdim=True).clamp_(max=NUCLEUS_BUCKETS - 1)  # [R, 1]
     above = cumulative.gather(1, crossing) - mass.gather(1, crossing)  # mass of the buckets kept whole
-    in_crossing = bucket == crossing
-    width = int(in_crossing.sum(dim=1).max())
+    # rows without top-p, and columns top-k dropped (probability 0), rank nothing
+    in_crossing = (bucket == crossing) & has_p[:, None] & (probs > 0)
+    width = max(int(in_crossing.sum(dim=1).max()), 1)
     values, columns = torch.where(in_crossing, probs, -1.0).topk(width, dim=-1)  # the crossing bucket, ranked
     values = values.clamp(min=0.0)
     ranked_before = above + values.cumsum(dim=-1) - values
@@ -101,9 +105,10 @@ def filtered_dense(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch
 
 def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """probs: [R, C] non-negative weights (each row's sum > 0); u: [R] uniforms in (0, 1) -> [R] the
-    column whose cumulative-weight interval holds u x the row's total (always one of positive weight)."""
+    column whose cumulative-weight interval (lo, hi] holds v = u x the row's total: the first column with
+    cdf >= v, always one of positive weight (v > 0, and v <= the total even where u x total rounds up)."""
     cdf = probs.cumsum(dim=-1)
-    chosen = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0]
+    chosen = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None])[:, 0]
     return chosen.clamp(max=probs.shape[-1] - 1)
 
 
@@ -126,6 +131,8 @@ class SamplingBatch:
     words: torch.Tensor | None = None
     positions: torch.Tensor | None = None
     horizon: int = 1
+    host_words: list | None = field(default=None, repr=False)  # words and positions as host ints
+    host_positions: list | None = field(default=None, repr=False)
     _keys: torch.Tensor | None = field(default=None, repr=False)  # [S, horizon, 2]
     _streams: torch.Tensor | None = field(default=None, repr=False)  # [S, horizon, len(STREAMS)]
 
@@ -146,6 +153,7 @@ class SamplingBatch:
             top_k=tensor([p.top_k for p in ps], torch.int64), top_p=tensor([p.top_p for p in ps], torch.float32),
             words=tensor([seed_words[i] for i in sampled], torch.int64),
             positions=tensor([positions[i] for i in sampled], torch.int64), horizon=horizon,
+            host_words=[tuple(seed_words[i]) for i in sampled], host_positions=[positions[i] for i in sampled],
         )
 
     @classmethod
@@ -165,9 +173,9 @@ class SamplingBatch:
         self.horizon = max(self.horizon, needed)
         s, h = self.rows.shape[0], self.horizon
         device = self.positions.device
-        if s * h <= HOST_HASH_POSITIONS:  # a few positions: hashed on the host, one tensor each
-            words, starts = self.words.tolist(), self.positions.tolist()
-            keys = [keyed_random.row_keys_host(tuple(w), p + j) for w, p in zip(words, starts) for j in range(h)]
+        if s * h <= HOST_HASH_POSITIONS and self.host_words is not None:  # a few: hashed on the host
+            keys = [keyed_random.row_keys_host(w, p + j) for w, p in zip(self.host_words, self.host_positions)
+                    for j in range(h)]
             bits = [keyed_random.hash_host(key, stream) for key in keys for stream in STREAMS]
             self._keys = torch.tensor(keys, dtype=torch.int64, device=device).view(s, h, 2)
             streams = keyed_random.to_uniforms(torch.tensor(bits, dtype=torch.int64, device=device))

@@ -240,3 +240,17 @@ def test_broken_head_tensors_are_named(spec_pair, tmp_path, edit, match):
     edit_tensors(head, edit)
     with pytest.raises(CheckpointError, match=match):
         load_draft(head, "eagle3", load_model(target_dir))
+
+
+@pytest.mark.parametrize("aux,message", [
+    (None, "a target of 2 layers needs eagle_config.eagle_aux_hidden_state_layer_ids"),
+    ((0, 1, 5), r"eagle_aux_hidden_state_layer_ids \[0, 1, 5\] must be 3 target layer ids in \[0, 2\)"),
+])
+def test_eagle3_head_on_a_shallow_target_names_its_aux_layers(tmp_path, aux, message):
+    from checkpoints import write_eagle3_head
+
+    target = write_llama(tmp_path / "t", num_layers=2, with_tokenizer=False)
+    head = write_eagle3_head(tmp_path / "e3", target, aux_layer_ids=aux)
+    with pytest.raises(CheckpointError, match=message):
+        build_engine([f"model.path={target}", "speculative=eagle3", "draft=eagle3", f"draft.path={head}",
+                      "adaptive=off"])

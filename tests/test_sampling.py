@@ -109,3 +109,26 @@ def test_filters_on_candidates_and_on_every_column_give_the_reference_distributi
         clear = (got > 1e-12) | (want > 1e-12)  # float32 tails round where float64 ones do not
         assert torch.equal((got > 0)[clear], (want > 0)[clear])
         torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+
+
+def test_top_k_keeps_exactly_k_at_ties_and_any_k_past_the_vocabulary():
+    """Tied logits at the k-th value (common with bf16 projections): both filter paths keep k columns
+    by rank, as the reference does; a top_k past the vocabulary filters nothing."""
+    from engine.sampling import filtered_all_columns, filtered_sorted
+
+    logits = torch.tensor([[5.0, 4.0, 4.0, 4.0, 1.0, 0.0], [1.0, 2.0, 3.0, 3.0, 3.0, 0.0]])
+    top_k, top_p = torch.tensor([2, 3]), torch.ones(2)
+    for got in (filtered_all_columns(logits, top_k, top_p), filtered_sorted(logits, torch.ones(2), top_k, top_p)[0]):
+        assert ((got > 0).sum(dim=1) == top_k).all()
+    wide = filtered_all_columns(logits, torch.tensor([500, 6]), top_p)
+    torch.testing.assert_close(wide, logits.softmax(dim=-1))
+
+
+def test_uniforms_stay_below_one():
+    """The top hash value would round to 1 in float32 (E = -log u = 0: a column of probability 0 would
+    win the race as 0 / 0); it is kept below 1."""
+    from engine import keyed_random
+
+    top = keyed_random.to_uniforms(torch.tensor([2**32 - 1, 0]))
+    assert top[0] < 1.0 and top[1] > 0.0
+    assert torch.isfinite(keyed_random.exponentials(torch.zeros(1, 2, dtype=torch.int64), torch.arange(4096))).all()

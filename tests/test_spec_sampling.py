@@ -6,7 +6,7 @@ import itertools
 import pytest
 import torch
 
-from checkpoints import write_eagle_head, write_llama
+from checkpoints import write_eagle3_head, write_eagle_head, write_llama
 from conftest import engine_overrides
 from engine import SamplingParams, build_engine
 from test_sampling import chi_square_p_value, reference_probs
@@ -62,18 +62,31 @@ def test_speculative_sampling_matches_target_distribution(tiny_pair, verify, dra
     check_distribution(tiny_pair, verify, draft_sampling, temperature, top_k, top_p, topk, nodes)
 
 
-def check_distribution(tiny_pair, verify, draft_sampling, temperature, top_k, top_p, topk, nodes):
+@pytest.mark.parametrize("temperature,top_k,top_p", [CASES[0], CASES[-1]])
+def test_rejection_with_a_reduced_draft_vocabulary_matches_target_distribution(tiny_pair, tmp_path, temperature,
+                                                                              top_k, top_p):
+    """An EAGLE-3 head drafting over 10 of the 16 tokens: q is zero on the other 6 (mapped by d2t), and
+    the residual max(0, p - q) still gives them their probability."""
+    target, _ = tiny_pair
+    head = write_eagle3_head(tmp_path / "e3", target, draft_vocab_size=10, seed=4, aux_layer_ids=(0, 1, 1))
+    # an untrained head: few drafts accepted (about 2%, a hundred and more of 6000), most rejected
+    check_distribution((target, head), "rejection", "sample", temperature, top_k, top_p, 1, 3, kind="eagle3",
+                       min_accept_rate=0.01)
+
+
+def check_distribution(tiny_pair, verify, draft_sampling, temperature, top_k, top_p, topk, nodes, kind="eagle",
+                       min_accept_rate=0.05):
     target, head = tiny_pair
     expected = exact_marginals(target, temperature, top_k, top_p)
     params = [SamplingParams(max_new_tokens=3, temperature=temperature, top_k=top_k, top_p=top_p, seed=s,
                              ignore_eos=True) for s in range(NUM_SAMPLES)]
-    overrides = engine_overrides(target, "eagle", f"speculative.draft_sampling={draft_sampling}",
+    overrides = engine_overrides(target, kind, f"speculative.draft_sampling={draft_sampling}",
                                  f"speculative.verify={verify}",
                                  "cache.max_running_requests=512", head=head, num_steps=2, topk=topk, nodes=nodes)
     with build_engine(overrides) as eng:
         outs = eng.generate(prompt_token_ids=[PROMPT] * NUM_SAMPLES, sampling=params)
         metrics = eng.metrics()
-    assert 0.05 < metrics["draft_accept_rate"] < 0.95  # both acceptance and rejection are exercised
+    assert min_accept_rate < metrics["draft_accept_rate"] < 0.95  # both acceptance and rejection are exercised
     tokens = torch.tensor([o.token_ids for o in outs])  # [N, 3]
     for position in range(3):
         counts = torch.bincount(tokens[:, position], minlength=VOCAB).double()

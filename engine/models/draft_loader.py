@@ -53,6 +53,10 @@ def _build_eagle3(directory: Path, raw: dict, config: ModelConfig, tensors: dict
     if aux is not None and (len(aux) != 3 or not all(0 <= i < target.config.num_hidden_layers for i in aux)):
         raise CheckpointError(f"{directory}: eagle_aux_hidden_state_layer_ids {aux} must be 3 target layer ids "
                               f"in [0, {target.config.num_hidden_layers})")
+    if aux is None and target.config.num_hidden_layers < 3:  # the default (2, L // 2, L - 3) needs 3 layers
+        raise CheckpointError(f"{directory}: a target of {target.config.num_hidden_layers} layers needs "
+                              "eagle_config.eagle_aux_hidden_state_layer_ids (3 target layer ids) in the head's "
+                              "config.json: the default (2, L // 2, L - 3) needs at least 3 layers")
     d2t = tensors.setdefault("d2t", torch.zeros(draft_vocab, dtype=torch.int64))
     if d2t.is_floating_point() or d2t.dtype == torch.bool or d2t.shape != (draft_vocab,):
         raise CheckpointError(f"{directory}: tensor 'd2t' has dtype {d2t.dtype} and shape {tuple(d2t.shape)}, "

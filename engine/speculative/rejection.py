@@ -30,39 +30,37 @@ VERIFY_MODES = ("reproducible", "rejection")
 
 @dataclass
 class DraftProbs:
-    """The distributions a chain's drafts were drawn from, for the sampled requests only."""
+    """The distributions a chain's drafts were drawn from, for the sampled requests only: per draft
+    step, q [S, w] over w columns and their target ids, [S, w] (the best columns of each row), [w]
+    (every column of a reduced draft vocabulary) or None (every column, draft ids = target ids)."""
 
-    probs: torch.Tensor  # [S, k, w] q at each draft position over w columns (S: sampling.rows)
-    token_ids: torch.Tensor  # [S, k, w] the target token id of each column
-
-    @classmethod
-    def of_steps(cls, steps: list[tuple[torch.Tensor, torch.Tensor]]) -> "DraftProbs":
-        """From each draft step's (q [S, w_i], target ids [S, w_i]), zero-padded to the widest."""
-        width = max(q.shape[-1] for q, _ in steps)
-        pad = [(0, width - q.shape[-1]) for q, _ in steps]
-        return cls(torch.stack([torch.nn.functional.pad(q, p) for (q, _), p in zip(steps, pad)], dim=1),
-                   torch.stack([torch.nn.functional.pad(ids, p) for (_, ids), p in zip(steps, pad)], dim=1))
+    steps: list[tuple[torch.Tensor, torch.Tensor | None]]
 
     def dense(self, vocab_size: int) -> torch.Tensor:
-        """q over the target's vocabulary: [S, k, V] (a padding column adds zero)."""
-        s, k, _ = self.probs.shape
-        out = torch.zeros(s, k, vocab_size, dtype=self.probs.dtype, device=self.probs.device)
-        return out.scatter_add_(2, self.token_ids, self.probs)
+        """q over the target's vocabulary: [S, k, V]."""
+        q0 = self.steps[0][0]
+        out = torch.zeros(q0.shape[0], len(self.steps), vocab_size, dtype=q0.dtype, device=q0.device)
+        for j, (q, ids) in enumerate(self.steps):
+            if ids is None:
+                out[:, j, :q.shape[-1]] = q
+            elif ids.dim() == 1:
+                out[:, j].index_copy_(1, ids, q)
+            else:
+                out[:, j].scatter_(1, ids, q)
+        return out
 
 
 def draw_drafts(logits: torch.Tensor, sampling: SamplingBatch, offset: int
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
     """logits: [B, Vd] the draft's scores for output position positions + offset. Returns (columns [B]: the
     argmax for greedy requests, a draw from the draft's filtered distribution q for sampled ones; (q [S, w],
-    its columns [S, w]) of the sampled ones, or None)."""
+    its draft columns [S, w], or None: every column) of the sampled ones, or None)."""
     columns = logits.argmax(dim=-1)
     if sampling.all_greedy:
         return columns, None
     q, q_columns = filtered_sorted(logits[sampling.rows], *sampling.filters())
-    if q_columns is None:  # over every column
-        q_columns = torch.arange(q.shape[-1], device=q.device).expand_as(q)
-    u = sampling.uniforms(DRAFT_STREAM, 1, offset)
-    columns[sampling.rows] = q_columns.gather(1, inverse_cdf(q, u)[:, None])[:, 0]
+    drawn = inverse_cdf(q, sampling.uniforms(DRAFT_STREAM, 1, offset))
+    columns[sampling.rows] = drawn if q_columns is None else q_columns.gather(1, drawn[:, None])[:, 0]
     return columns, (q, q_columns)
 
 

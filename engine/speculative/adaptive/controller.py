@@ -29,7 +29,7 @@ class AdaptiveController:
         self.cycles_at_steps: Counter = Counter()
         self.num_switches = 0
         self.history: list[list] = []  # [candidate, cycles] runs in order: the choices over time
-        self._last: Candidate | None = None
+        self._last: dict[bool, Candidate] = {}  # per kind of batch: its last choice
 
     @property
     def needs_timings(self) -> bool:
@@ -42,9 +42,9 @@ class AdaptiveController:
 
     def choose(self, batch_size: int, sampled: bool = False) -> Candidate:
         choice = self.policies[sampled][tier_index(self.tiers, batch_size)].choice
-        if self._last is not None and choice != self._last:
+        if sampled in self._last and choice != self._last[sampled]:  # a switch within one kind's policies
             self.num_switches += 1
-        self._last = choice
+        self._last[sampled] = choice
         self.cycles_at_steps[choice] += 1
         if self.history and self.history[-1][0] == choice:
             self.history[-1][1] += 1

@@ -32,6 +32,7 @@ class DraftHead:
         self.sampler = sampler
         self.draft_sampling = draft_sampling  # "greedy" | "sample"
         self.verify = verify  # the verify mode the drafts are for: "reproducible" | "rejection"
+        self._identity_vocab: bool | None = None  # the draft's ids are the target's (known on first use)
         # trees rank nodes by cumulative log-softmax(logits / this): below 1 sharpens an under-confident head
         self.tree_score_temperature = tree_score_temperature
         self.draft_extend_backend = runner.attn_backend  # bound by bindings.bind_runtime_state
@@ -65,6 +66,16 @@ class DraftHead:
         out = self.runner.forward(batch, **inputs)
         self.buffers.store(batch.req_rows, out.hidden[batch.last_token_indices], out.logits)  # logits: [B, Vd]
 
+    def _target_ids(self, draft_columns: torch.Tensor | None) -> torch.Tensor | None:
+        """Target ids of a draft distribution's columns ([S, w]; None: every column of the draft
+        vocabulary, mapped by its [Vd] table, or None when draft ids are the target's)."""
+        if draft_columns is not None:
+            return self.model.draft_to_target(draft_columns)
+        if self._identity_vocab is None:
+            ids = self.model.draft_token_ids()
+            self._identity_vocab = bool(torch.equal(ids, torch.arange(ids.shape[0], device=ids.device)))
+        return None if self._identity_vocab else self.model.draft_token_ids()
+
     def _sampled_drafts(self, sampling: SamplingBatch, verify: str) -> bool:
         return self.draft_sampling == "sample" and self.verify == verify and not sampling.all_greedy
 
@@ -89,7 +100,7 @@ class DraftHead:
             elif drawn:
                 draft_columns, (q, q_columns) = rejection.draw_drafts(logits, sampling, offset=step)
                 token = self.model.draft_to_target(draft_columns)
-                probs.append((q, self.model.draft_to_target(q_columns)))
+                probs.append((q, self._target_ids(q_columns)))
             else:
                 token = self.model.draft_to_target(logits.argmax(dim=-1))
             tokens.append(token)
@@ -100,9 +111,7 @@ class DraftHead:
             backend = decode_backend.backend_for_step(step)
             out = self.runner.forward(batch, attn_backend=backend, graph=graph, **self._features_input(hidden))
             hidden, logits = out.hidden, out.logits
-        draft_probs = None
-        if drawn:
-            draft_probs = rejection.DraftProbs.of_steps(probs)
+        draft_probs = rejection.DraftProbs(probs) if drawn else None
         return DraftTree.chain(bonus, torch.stack(tokens, dim=1), draft_probs)
 
     def tree(self, rows: list[int], seq_lens: list[int], sampling: SamplingBatch, bonus: torch.Tensor,
