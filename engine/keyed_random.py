@@ -94,4 +94,3 @@ def exponentials(keys: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
 # at the same (seed, position) and of each other's. Rejection-sampling verification draws its drafts,
 # accept tests and residual samples from them.
 DRAFT_STREAM, ACCEPT_STREAM, RESIDUAL_STREAM = 0xFFFFFFF0, 0xFFFFFFF1, 0xFFFFFFF2
-

@@ -61,10 +61,11 @@ def filtered_sorted(logits: torch.Tensor, temperature: torch.Tensor, top_k: torc
 def filtered_all_columns(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """The filtered distribution of tempered logits [R, C] over every column, without sorting a row.
 
-    Top-k keeps the columns at or above the k-th best value. Top-p buckets each column by its log-probability
-    below the row's best (`BUCKET_WIDTH` nats per bucket): buckets above the one where the cumulative mass
-    reaches top_p are kept whole, buckets below it dropped, and only that bucket's columns are ranked
-    to find where the nucleus ends (a column is kept iff the mass ranked before it is below top_p)."""
+    Top-k keeps each row's k best columns by rank (ties at the k-th value cut as a sort would). Top-p
+    buckets each column by its log-probability below the row's best (`BUCKET_WIDTH` nats per bucket):
+    buckets above the one where the cumulative mass reaches top_p are kept whole, buckets below it
+    dropped, and only that bucket's columns are ranked to find where the nucleus ends (a column is kept
+    iff the mass ranked before it is below top_p)."""
     rows, num_columns = logits.shape
     has_k = (top_k > 0) & (top_k < num_columns)
     if bool(has_k.any()):  # exactly the k best by rank, as the candidate path (ties at the k-th value cut)
@@ -186,19 +187,15 @@ class SamplingBatch:
         self._keys = keys.view(s, h, 2)
         self._streams = keyed_random.uniforms(keys, STREAM_IDS.to(device)).view(s, h, len(STREAMS))
 
-    def _read(self, table: torch.Tensor | None, width: int, offset: int, offsets: torch.Tensor | None):
-        """Rows of a [S, horizon, ...] window, request-major: [S * width, ...]."""
-        if offsets is None:
-            self._window(offset + width)
-            return self._windowed(table)[:, offset:offset + width].flatten(0, 1)
-        depth = offsets[self.rows]  # [S, width]
-        self._window(int(depth.max()) + 1)
-        window = self._windowed(table)
-        index = depth.view(*depth.shape, *([1] * (window.dim() - 2))).expand(*depth.shape, *window.shape[2:])
+    def _read(self, table: str, width: int, offset: int, offsets: torch.Tensor | None) -> torch.Tensor:
+        """Rows of the "keys" or "streams" window [S, horizon, ...], request-major: [S * width, ...]."""
+        depth = None if offsets is None else offsets[self.rows]  # [S, width]
+        self._window(offset + width if depth is None else int(depth.max()) + 1)
+        window = self._keys if table == "keys" else self._streams
+        if depth is None:
+            return window[:, offset:offset + width].flatten(0, 1)
+        index = depth.view(*depth.shape, 1).expand(*depth.shape, window.shape[2])
         return window.gather(1, index).flatten(0, 1)
-
-    def _windowed(self, table) -> torch.Tensor:
-        return self._keys if table == "keys" else self._streams
 
     def keys(self, width: int = 1, offset: int = 0, offsets: torch.Tensor | None = None) -> torch.Tensor:
         """Noise keys [S * width, 2] of the sampled requests' positions, request-major: row s * width + j

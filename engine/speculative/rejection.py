@@ -25,8 +25,6 @@ import torch
 from engine.keyed_random import ACCEPT_STREAM, DRAFT_STREAM, RESIDUAL_STREAM
 from engine.sampling import SamplingBatch, filtered_dense, filtered_sorted, inverse_cdf
 
-VERIFY_MODES = ("reproducible", "rejection")
-
 
 @dataclass
 class DraftProbs:
