@@ -20,6 +20,7 @@ from engine.speculative.adaptive.throughput import ThroughputPolicy
 from engine.speculative.adaptive.tiers import build_tiers
 from engine.speculative.worker import SpeculativeWorker
 from engine.stopping import StopChecker
+from engine.structured.grammars import GrammarCompiler
 from engine.worker import DecodeWorker
 
 
@@ -65,6 +66,7 @@ class EngineContainer(containers.DeclarativeContainer):
     spec_worker = Singleton(
         SpeculativeWorker, target_runner=target_runner, drafter=speculative.drafter, req_to_token=req_to_token,
         sampler=sampler, initial_state=speculative.runtime_state, verify=config.speculative.verify,
+        mask_drafts=config.speculative.mask_drafts,
     )
 
     # adaptive speculation: one policy per batch-size tier, one prebuilt runtime state per candidate
@@ -115,8 +117,13 @@ class EngineContainer(containers.DeclarativeContainer):
         max_context_len=cache.max_context_len,
     )
     default_sampling = providers.Factory(factories.sampling_params, config.sampling)
+    grammars = Singleton(
+        GrammarCompiler, tokenizer_json=providers.Callable(factories.tokenizer_json, models.tokenizer),
+        vocab_size=providers.Callable(factories.vocab_size, models.target_model), eos_token_ids=models.eos_token_ids,
+    )
     engine = Singleton(
         Engine, tokenizer=models.tokenizer, scheduler=scheduler, worker=worker, stop_checker=stop_checker,
         default_sampling=default_sampling, seed=config.seed, device=models.device,
+        vocab_size=providers.Callable(factories.vocab_size, models.target_model), grammars=grammars,
         warmup_graphs=providers.Callable(factories.warms_graphs, graph_settings, config.graphs.warmup),
     )

@@ -32,6 +32,14 @@ def load_tokenizer(path: str) -> Tokenizer | None:
     return Tokenizer.from_dir(Path(path).expanduser())
 
 
+def vocab_size(model) -> int:
+    return model.config.vocab_size
+
+
+def tokenizer_json(tokenizer: Tokenizer | None) -> str | None:
+    return None if tokenizer is None else tokenizer.to_json()
+
+
 def eos_token_ids(model, tokenizer: Tokenizer | None) -> tuple[int, ...]:
     if model.config.eos_token_ids:
         return model.config.eos_token_ids

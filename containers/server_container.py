@@ -4,6 +4,7 @@ from pathlib import Path
 
 from dependency_injector import containers, providers
 
+from containers import factories
 from containers.engine_container import EngineContainer
 from containers.scope import BuildTrackingSingleton as Singleton
 from engine.errors import ConfigError
@@ -19,10 +20,6 @@ def served_name(configured: str | None, model_path: str) -> str:
 
 def chat_template(template: dict) -> ChatTemplate:
     return ChatTemplate(**template)
-
-
-def vocab_size(model) -> int:
-    return model.config.vocab_size
 
 
 def metrics_of(loop: EngineLoop) -> ServerMetrics:
@@ -46,7 +43,7 @@ class ServerContainer(containers.DeclarativeContainer):
     app = Singleton(
         create_app, loop=loop, metrics=metrics, tokenizer=providers.Callable(required_tokenizer, engine_container.models.tokenizer, config.model.path),
         model_name=providers.Callable(served_name, config.server.served_model_name, config.model.path),
-        vocab_size=providers.Callable(vocab_size, engine_container.models.target_model),
+        vocab_size=providers.Callable(factories.vocab_size, engine_container.models.target_model),
         context_len=engine_container.cache.max_context_len,
         defaults=engine_container.default_sampling,
         chat_template=providers.Callable(chat_template, config.server.chat_template),

@@ -17,14 +17,19 @@ from engine.tokenizer import Tokenizer
 
 class Engine:
     def __init__(self, tokenizer: Tokenizer | None, scheduler: Scheduler, worker, stop_checker: StopChecker,
-                 default_sampling: SamplingParams, seed: int, device: torch.device, warmup_graphs: bool = False):
-        """warmup_graphs: compile the worker's graphs now, for every batch size the scheduler may run."""
+                 default_sampling: SamplingParams, seed: int, device: torch.device, warmup_graphs: bool = False,
+                 vocab_size: int | None = None, grammars=None):
+        """warmup_graphs: compile the worker's graphs now, for every batch size the scheduler may run.
+        vocab_size: the target's; token ids a request names (logit_bias, stop_token_ids) are checked against it.
+        grammars: the GrammarCompiler of requests with a `structured_output`."""
         self.tokenizer = tokenizer
         self.scheduler = scheduler
         self.worker = worker
         self.stop_checker = stop_checker
         self.default_sampling = default_sampling
         self.device = torch.device(device)
+        self.vocab_size = vocab_size
+        self.grammars = grammars
         self._seeds = torch.Generator().manual_seed(seed)  # seeds of requests that bring none
         self._metrics = EngineMetrics()
         self._next_id = 0
@@ -35,7 +40,8 @@ class Engine:
     def generate(self, prompts: str | list[str] | None = None,
                  sampling: SamplingParams | list[SamplingParams] | None = None,
                  prompt_token_ids: list[list[int]] | None = None) -> list[RequestOutput]:
-        """Generate for every prompt (text or token ids); outputs come back in the prompts' order."""
+        """Generate for every prompt (text or token ids); outputs come back in the prompts' order (a
+        prompt's `n` samples together, by `index`)."""
         start = time.perf_counter()
         requests = self.submit(prompts, sampling, prompt_token_ids)
         try:
@@ -71,9 +77,13 @@ class Engine:
         new_tokens = self.worker.step(running)
         for request, tokens in zip(running, new_tokens):
             request.num_forward_steps += 1
+            appended = 0
             for token in tokens:
+                appended += 1
                 if self.stop_checker.append(request, token):
                     break
+            if request.logprobs is not None and request.new_logprobs is not None:
+                request.logprobs.extend(request.new_logprobs[:appended])
         self._metrics.forward_steps += 1
         self.scheduler.release_finished()
 
@@ -100,16 +110,27 @@ class Engine:
         params = sampling if isinstance(sampling, list) else [sampling or self.default_sampling] * n
         if len(params) != n:
             raise ConfigError(f"sampling: got {len(params)} SamplingParams for {n} prompts")
+        for p in params:
+            p.validate()
+            if self.vocab_size is not None:
+                p.check_vocabulary(self.vocab_size)
+            if p.structured_output is not None:  # compiled now: a grammar that cannot compile runs nothing
+                if self.grammars is None:
+                    raise ConfigError("sampling.structured_output: this engine has no grammar compiler")
+                self.grammars.check(p.structured_output)
         requests = []
         for i in range(n):
             p = params[i]
-            p.validate()
             ids = self.tokenizer.encode(prompts[i]) if prompts is not None else [int(t) for t in prompt_token_ids[i]]
-            seed = p.seed if p.seed is not None else int(torch.randint(0, 2**62, (1,), generator=self._seeds))
             prompt = prompts[i] if prompts is not None else None
-            requests.append(Request(self._next_id, ids, p, prompt=prompt, seed_words=seed_words(seed)))
-            self._next_id += 1
-        self._metrics.num_requests += n
+            for index in range(p.n):  # sample i of a seeded prompt takes seed + i
+                seed = (p.seed + index) % 2**64 if p.seed is not None else \
+                    int(torch.randint(0, 2**62, (1,), generator=self._seeds))
+                grammar = None if p.structured_output is None else self.grammars.matcher(p.structured_output)
+                requests.append(Request(self._next_id, ids, p, prompt=prompt, seed_words=seed_words(seed),
+                                        sample_index=index, grammar=grammar))
+                self._next_id += 1
+        self._metrics.num_requests += len(requests)
         return requests
 
     def output(self, request: Request) -> RequestOutput:
@@ -126,7 +147,8 @@ class Engine:
             self._metrics.prompt_tokens += len(request.prompt_ids)
             self._metrics.generated_tokens += len(request.output_ids)
         return RequestOutput(request.request_id, request.prompt, request.prompt_ids, text, list(request.output_ids),
-                             request.finish_reason, request.error, self._stats(request))
+                             request.finish_reason, request.error, self._stats(request), request.sample_index,
+                             None if request.logprobs is None else list(request.logprobs))
 
     @staticmethod
     def _stats(request: Request) -> dict:

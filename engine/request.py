@@ -34,6 +34,14 @@ class Request:
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     finish_time: float | None = None
+    grammar: object | None = field(default=None, repr=False)  # its GrammarMatcher, for structured output
+    sample_index: int = 0  # which of its prompt's `params.n` samples it is
+    logprobs: list | None = None  # TokenLogprob per output token, when params.logprobs is set
+    new_logprobs: list | None = field(default=None, repr=False)  # the last step's, one per token it emitted
+
+    def __post_init__(self):
+        if self.params.logprobs is not None and self.logprobs is None:
+            self.logprobs = []
 
     @property
     def all_ids(self) -> list[int]:

@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine import keyed_random
+from engine import keyed_random, logprobs
+from engine.logits_processing import LogitsProcessing
 from engine.sampling_params import SamplingParams
+from engine.structured.batch import GrammarBatch
 
 
 STREAMS = (keyed_random.DRAFT_STREAM, keyed_random.ACCEPT_STREAM, keyed_random.RESIDUAL_STREAM)
@@ -25,16 +27,20 @@ NUCLEUS_BUCKETS, BUCKET_WIDTH = 64, 0.25  # the all-columns top-p: buckets of lo
 
 
 def filtered_sorted(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                    top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """logits: [R, C]; temperature (> 0), top_k (0 = off), top_p (1 = off): [R].
+                    top_p: torch.Tensor, min_p: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """logits: [R, C]; temperature (> 0), top_k (0 = off), top_p (1 = off), min_p (0 = off): [R].
 
-    Returns the filtered distribution (temperature, then top-k, then top-p over the top-k mass) as
+    Returns the filtered distribution (temperature, then min-p: columns below min_p x the best column's
+    probability dropped, then top-k, then top-p over the top-k mass) as
     (probs [R, n], columns [R, n]) in descending order, cut after the longest row's support, when every
     row's support lies among its `CANDIDATES` best columns (or its top-k); else (an unfiltered row in
     the batch, a nucleus past the candidates, a vocabulary of at most `SMALL_VOCABULARY` columns),
     (probs [R, C], None) over every column, zero outside each row's support (`filtered_all_columns`: no
     sort). The two agree up to float rounding of the mass before a column at the nucleus's edge."""
     logits = logits.float() / temperature[:, None]
+    if min_p is not None and bool((min_p > 0).any()):  # p < min_p x p_max  <=>  logit < max + log(min_p)
+        floor = logits.amax(dim=-1, keepdim=True) + min_p.log()[:, None]
+        logits = logits.masked_fill(logits < floor, float("-inf"))
     num_columns = logits.shape[-1]
     unfiltered = (top_k <= 0) & (top_p >= 1.0)
     if bool(unfiltered.all()):
@@ -96,9 +102,9 @@ def filtered_all_columns(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch
 
 
 def filtered_dense(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                   top_p: torch.Tensor) -> torch.Tensor:
+                   top_p: torch.Tensor, min_p: torch.Tensor | None = None) -> torch.Tensor:
     """`filtered_sorted`'s distribution over every column: [R, C], zero outside each row's support."""
-    probs, columns = filtered_sorted(logits, temperature, top_k, top_p)
+    probs, columns = filtered_sorted(logits, temperature, top_k, top_p, min_p)
     if columns is None:
         return probs
     return torch.zeros(logits.shape, dtype=probs.dtype, device=probs.device).scatter_(1, columns, probs)
@@ -117,7 +123,10 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 class SamplingBatch:
     """What choosing tokens for B requests needs, built once per step. Only the requests that sample
     (temperature > 0) get tensors: `rows` [S] are their indices in the batch; temperature, top_k,
-    top_p [S]; words [S, 2] their seed words; positions [S] the output position of each one's next token.
+    top_p, min_p [S]; words [S, 2] their seed words; positions [S] the output position of each one's
+    next token. `processing`: the logit bias and penalties of the requests (greedy or not) that set
+    them, applied to the target's logits before any choice (None: no request does); `grammar`: the
+    structured-output requests' grammars, masking after that.
 
     The noise keys of positions positions[s] .. positions[s] + horizon - 1, and the named streams'
     uniforms there, are computed once per step, on first use, for every call of the step to read:
@@ -129,11 +138,14 @@ class SamplingBatch:
     temperature: torch.Tensor | None = None
     top_k: torch.Tensor | None = None
     top_p: torch.Tensor | None = None
+    min_p: torch.Tensor | None = None
     words: torch.Tensor | None = None
     positions: torch.Tensor | None = None
     horizon: int = 1
     host_words: list | None = field(default=None, repr=False)  # words and positions as host ints
     host_positions: list | None = field(default=None, repr=False)
+    processing: LogitsProcessing | None = None
+    grammar: GrammarBatch | None = None
     _keys: torch.Tensor | None = field(default=None, repr=False)  # [S, horizon, 2]
     _streams: torch.Tensor | None = field(default=None, repr=False)  # [S, horizon, len(STREAMS)]
 
@@ -152,16 +164,26 @@ class SamplingBatch:
             len(params), rows=tensor(sampled, torch.int64),
             temperature=tensor([p.temperature for p in ps], torch.float32),
             top_k=tensor([p.top_k for p in ps], torch.int64), top_p=tensor([p.top_p for p in ps], torch.float32),
+            min_p=tensor([p.min_p for p in ps], torch.float32),
             words=tensor([seed_words[i] for i in sampled], torch.int64),
             positions=tensor([positions[i] for i in sampled], torch.int64), horizon=horizon,
             host_words=[tuple(seed_words[i]) for i in sampled], host_positions=[positions[i] for i in sampled],
         )
 
     @classmethod
-    def of_requests(cls, requests, device, horizon: int = 1) -> "SamplingBatch":
-        """For requests whose next token is the one after their current output."""
-        return cls.of([r.params for r in requests], [r.seed_words for r in requests],
-                      [len(r.output_ids) for r in requests], device, horizon)
+    def of_requests(cls, requests, device, horizon: int = 1, cut_drafts: bool = True) -> "SamplingBatch":
+        """For requests whose next token is the one after their current output. `cut_drafts`: drafts
+        follow the requests' grammars (`GrammarBatch`)."""
+        batch = cls.of([r.params for r in requests], [r.seed_words for r in requests],
+                       [len(r.output_ids) for r in requests], device, horizon)
+        batch.processing = LogitsProcessing.of_requests(requests)
+        batch.grammar = GrammarBatch.of_requests(requests, cut_drafts)
+        return batch
+
+    def processed(self, logits: torch.Tensor, tokens: torch.Tensor | None = None,
+                  ancestors: torch.Tensor | None = None) -> torch.Tensor:
+        """The target's logits [B * n, V] after the requests' logit bias and penalties (`LogitsProcessing.apply`)."""
+        return logits if self.processing is None else self.processing.apply(logits, tokens, ancestors)
 
     @property
     def all_greedy(self) -> bool:
@@ -207,12 +229,26 @@ class SamplingBatch:
         """The named stream's uniforms [S * width] at the positions `keys` names."""
         return self._read("streams", width, offset, offsets)[:, STREAMS.index(stream)]
 
-    def filters(self, width: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(temperature, top_k, top_p) of the sampled requests, each repeated `width` times: [S * width]."""
-        return tuple(t.repeat_interleave(width) for t in (self.temperature, self.top_k, self.top_p))
+    def filters(self, width: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(temperature, top_k, top_p, min_p) of the sampled requests, each repeated `width` times: [S * width]."""
+        return tuple(t.repeat_interleave(width) for t in (self.temperature, self.top_k, self.top_p, self.min_p))
 
 
 class Sampler:
+    def next_tokens(self, logits: torch.Tensor, requests, sampling: SamplingBatch) -> list[int]:
+        """The token after each request's output so far, from logits [B, V] of that position: the logits
+        processed (bias, penalties, grammar), the token chosen, its logprobs recorded for requests that
+        ask, and it is consumed by the request's grammar."""
+        processed = logits = sampling.processed(logits)
+        if sampling.grammar is not None:
+            sampling.grammar.prepare()
+            logits = sampling.grammar.apply(logits)
+        tokens = self.sample(logits, sampling)[:, 0].tolist()
+        logprobs.record(requests, processed, [[i] for i in range(len(requests))], [[t] for t in tokens])
+        if sampling.grammar is not None:
+            sampling.grammar.commit([[t] for t in tokens])
+        return tokens
+
     def sample(self, logits: torch.Tensor, batch: SamplingBatch, width: int = 1, offset: int = 0,
                token_ids: torch.Tensor | None = None, offsets: torch.Tensor | None = None) -> torch.Tensor:
         """logits: [B * width, C], request-major: row b * width + j scores request b's output position

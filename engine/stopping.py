@@ -1,4 +1,4 @@
-"""Stop conditions, checked token by token: eos, max_new_tokens, stop strings, context length."""
+"""Stop conditions, checked token by token: eos, stop token ids, stop strings, max_new_tokens, context length."""
 
 import time
 
@@ -41,6 +41,13 @@ class StopChecker:
     def _reason(self, request: Request, token: int) -> str | None:
         params = request.params
         if not params.ignore_eos and token in self.eos_token_ids:
+            return "stop"
+        grammar = request.grammar
+        if grammar is not None and grammar.stopped_at is not None and len(request.output_ids) >= grammar.stopped_at:
+            return "stop"  # the structured output is complete
+        if token in params.stop_token_ids:  # the text ends before it, as before a stop string
+            if self.tokenizer is not None:
+                request.stop_text_end = len(self.tokenizer.decode(request.output_ids[:-1]))
             return "stop"
         if params.stop and self.tokenizer is not None:
             end = self._stop_text_end(request.output_ids, params.stop)

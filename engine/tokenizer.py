@@ -47,3 +47,11 @@ class Tokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)
+
+    def to_json(self) -> str:
+        """The tokenizer as tokenizer.json holds it."""
+        return self._tok.to_str()
+
+    def token_text(self, token_id: int) -> str:
+        """One token's text, special tokens included (a piece of a multi-byte character shows as U+FFFD)."""
+        return self._tok.decode([token_id], skip_special_tokens=False)

@@ -30,7 +30,7 @@ class DecodeWorker:
         for request in requests:
             request.num_computed = request.seq_len
         sampling = SamplingBatch.of_requests(requests, output.logits.device)
-        return self.sampler.sample(output.logits, sampling).tolist()
+        return [[t] for t in self.sampler.next_tokens(output.logits, requests, sampling)]
 
     def warmup_graphs(self, max_batch_size: int) -> None:
         """Compile every graph plain decoding can run with batches up to `max_batch_size`."""

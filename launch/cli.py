@@ -6,6 +6,7 @@
 import json
 import re
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import hydra
@@ -70,7 +71,8 @@ def run(config: dict, output_dir: str | Path | None = None, console: Console | N
         metrics = engine.metrics()
     if config.get("print_outputs", True):
         for out in outputs:
-            console.rule(f"request {out.request_id} ({out.finish_reason})")
+            sample = f", sample {out.index}" if out.index else ""
+            console.rule(f"request {out.request_id} ({out.finish_reason}{sample})")
             if out.error:
                 console.print(f"[red]error:[/red] {out.error}", markup=True, highlight=False)
             else:
@@ -78,7 +80,7 @@ def run(config: dict, output_dir: str | Path | None = None, console: Console | N
                 console.print(out.text, markup=False, highlight=False)
     console.print(summary_line(metrics), markup=False, highlight=False, soft_wrap=True)
     objective = metrics[config.get("objective", "tokens_per_s")]
-    result = {"config": config, "metrics": metrics, "objective": objective, "outputs": [vars(o) for o in outputs]}
+    result = {"config": config, "metrics": metrics, "objective": objective, "outputs": [asdict(o) for o in outputs]}
     if output_dir is not None:
         path = Path(output_dir) / "outputs.json"
         path.write_text(json.dumps(result, indent=2, default=str))

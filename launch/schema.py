@@ -111,6 +111,9 @@ class SpeculativeConfig:
     # sampled requests: reproducible (output equal to plain decoding's for a seed) | rejection (speculative
     # rejection sampling: more drafts accepted, distributed as plain decoding but not the same draws)
     verify: VerifyMode = VerifyMode.rejection
+    # structured output: drafts follow each request's grammar (the head's steps masked, rejected drafts
+    # cut before verification); false: only the target's choices are masked
+    mask_drafts: bool = True
     # topk > 1: trees keep the nodes of highest cumulative log-softmax(draft logits / this); 1 = EAGLE-2's
     # scores. The shipped heads' probabilities are under-confident (top-1 0.38 on average where the
     # target agrees 0.78 of the time): 0.3 measured best for them.
@@ -164,6 +167,14 @@ class SamplingConfig:
     seed: Optional[int] = None
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: Any = None  # {token id: bias} (null: none); untyped, so a command-line dict replaces it
+    logprobs: Optional[int] = None
+    n: int = 1
+    stop_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass

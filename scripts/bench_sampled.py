@@ -80,6 +80,25 @@ class Contender:
         return row
 
 
+def run_waves(contenders: list[Contender], prompts: list[str], params: list[SamplingParams], batch_size: int) -> None:
+    """Each wave of `batch_size` prompts on every contender in turn, the order rotating wave by wave."""
+    for i, start in enumerate(range(0, len(prompts), batch_size)):
+        wave = slice(start, start + batch_size)
+        for c in contenders[i % len(contenders):] + contenders[:i % len(contenders)]:
+            c.run(prompts[wave], params[wave])
+
+
+def compared(contenders: list[Contender]) -> dict:
+    """Each contender's row, with its ratio to the first's tokens/s (plain decoding) and whether its
+    tokens equal the first's."""
+    rows = {c.name: c.row() for c in contenders}
+    plain = rows[contenders[0].name]["tokens_per_s"]
+    for c in contenders:
+        rows[c.name].update(vs_plain=rows[c.name]["tokens_per_s"] / plain,
+                            same_as_plain=c.outputs == contenders[0].outputs)
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--temperatures", default="0.8")
@@ -116,18 +135,13 @@ def main() -> None:
                                      seed=i, ignore_eos=True) for i in range(len(prompts))]
             for c in contenders:
                 c.reset()
-            for i, start in enumerate(range(0, len(prompts), batch_size)):
-                wave = slice(start, start + batch_size)
-                for c in contenders[i % len(contenders):] + contenders[:i % len(contenders)]:
-                    c.run(prompts[wave], params[wave])
-            rows = {c.name: c.row() for c in contenders}
+            run_waves(contenders, prompts, params, batch_size)
+            rows = compared(contenders)
             plain = rows["plain"]["tokens_per_s"]
             print(f"\nbatch {batch_size}, T={temperature}: {len(prompts)} prompts, plain {plain:.1f} tok/s")
             print(f"{'config':>24} {'tok/s':>7} {'vs plain':>8} {'tau':>5}  same tokens as plain  steps chosen (cycles)")
             for c in contenders:
                 r = rows[c.name]
-                r["vs_plain"] = r["tokens_per_s"] / plain
-                r["same_as_plain"] = c.outputs == contenders[0].outputs
                 chosen = " ".join(f"{k}:{n}" for k, n in r.get("cycles_at_steps", {}).items())
                 tau = f"{r['tau']:.2f}" if "tau" in r else "-"
                 print(f"{c.name:>24} {r['tokens_per_s']:>7.1f} {r['vs_plain']:>7.2f}x {tau:>5}  "

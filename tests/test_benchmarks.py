@@ -149,3 +149,14 @@ def test_bench_serve_compares_both_servers(tmp_path):
     assert {(r["rate"], r["system"]) for r in rows} == {(rate, s) for rate in ("8", "inf") for s in ("eyas", "transformers")}
     assert all(r["tokens"] > 0 and r["tok_s"] > 0 for r in rows)
     assert "| inf | eyas |" in out and plot.stat().st_size > 5000
+
+
+def test_bench_structured_compares_masked_and_unmasked_drafts(tmp_path):
+    out = run_script("bench_structured.py", "--configs", "k=3", "--num-prompts", "2", "--json", str(tmp_path / "s.json"))
+    rows = json.loads((tmp_path / "s.json").read_text())["batch 1"]
+    assert set(rows) == {"plain", "k=3 mask_drafts=true", "k=3 mask_drafts=false"}
+    assert all(r["valid"] == r["outputs"] == 2 for r in rows.values())  # every record validates
+    assert rows["k=3 mask_drafts=true"]["same_as_plain"] and rows["k=3 mask_drafts=false"]["same_as_plain"]
+    assert rows["k=3 mask_drafts=true"]["tau"] >= rows["k=3 mask_drafts=false"]["tau"] and "valid outputs" in out
+    cost = run_script("bench_structured.py", "--mask-cost")
+    assert "llguidance:" in cost and "median" in cost

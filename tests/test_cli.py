@@ -99,3 +99,20 @@ def test_local_settings_apply_before_command_line_overrides(gqa_checkpoint, tmp_
         saved = json.loads((tmp_path / f"run{n}" / "outputs.json").read_text())
         assert saved["config"]["model"]["path"] == str(gqa_checkpoint)
         assert len(saved["outputs"][0]["token_ids"]) == n
+
+
+def test_logit_bias_logprobs_and_n_on_the_command_line(gqa_checkpoint, tmp_path):
+    """A dict, a count and samples per prompt as a user types them; outputs.json holds every sample
+    with its logprobs, and a bad penalty is refused naming the field."""
+    proc = run_cli(*PLAIN, f"model.path={gqa_checkpoint}", "prompt='def add(a, b):'", "sampling.max_new_tokens=6",
+                   "sampling.ignore_eos=true", "sampling.logit_bias={5:-100,9:4.5}", "sampling.logprobs=2",
+                   "sampling.n=2", "sampling.temperature=0.8", "sampling.seed=3", "sampling.presence_penalty=0.5",
+                   f"hydra.run.dir={tmp_path}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    outputs = json.loads((tmp_path / "outputs.json").read_text())["outputs"]
+    assert [o["index"] for o in outputs] == [0, 1] and outputs[0]["token_ids"] != outputs[1]["token_ids"]
+    for out in outputs:
+        assert [e["token_id"] for e in out["logprobs"]] == out["token_ids"] and 5 not in out["token_ids"]
+        assert all(len(e["top"]) == 2 and e["logprob"] <= 0 for e in out["logprobs"])
+    bad = run_cli(*PLAIN, f"model.path={gqa_checkpoint}", "sampling.frequency_penalty=-3", cwd=tmp_path)
+    assert bad.returncode != 0 and "sampling.frequency_penalty must be in [-2.0, 2.0]" in bad.stderr + bad.stdout

@@ -28,10 +28,11 @@ def test_different_seeds_differ(gqa_checkpoint):
     assert outs[0].token_ids != outs[1].token_ids
 
 
-def reference_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
-    """Independent restatement of temperature -> top-k -> top-p, token by token."""
+def reference_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, min_p: float = 0.0) -> torch.Tensor:
+    """Independent restatement of temperature -> min-p -> top-k -> top-p, token by token."""
     probs = torch.softmax(logits.double() / temperature, dim=-1)
-    order = sorted(range(len(probs)), key=lambda i: -float(probs[i]))
+    probs = torch.where(probs >= min_p * probs.max(), probs, 0.0)
+    order = sorted((i for i in range(len(probs)) if probs[i] > 0), key=lambda i: -float(probs[i]))
     if top_k:
         order = order[:top_k]
     total = sum(float(probs[i]) for i in order)

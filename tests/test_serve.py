@@ -142,7 +142,18 @@ BAD = [
     (dict(prompt="x " * 3000), "prompt"),  # longer than the 2048-token context
     (dict(prompt=[0, 10**9]), "prompt"),
     (dict(prompt=["a", "b"]), "prompt"),
-    (dict(n=2), "n"),
+    (dict(n=0), "n"),
+    (dict(n=65), "n"),
+    (dict(presence_penalty=2.5), "presence_penalty"),
+    (dict(frequency_penalty=-3), "frequency_penalty"),
+    (dict(repetition_penalty=0), "repetition_penalty"),
+    (dict(min_p=1.5), "min_p"),
+    (dict(logprobs=21), "logprobs"),
+    (dict(logit_bias={"abc": 1}), "logit_bias"),
+    (dict(logit_bias={"5": 101}), "logit_bias.5"),
+    (dict(logit_bias={"4096": 1}), "logit_bias"),  # past the shipped vocabulary
+    (dict(stop_token_ids=[-1]), "stop_token_ids.0"),
+    (dict(stop_token_ids=[5000]), "stop_token_ids"),
     (dict(seed=-3), "seed"),
     (dict(stop=[""]), "stop"),
     (dict(echo=True), "echo"),
@@ -150,11 +161,16 @@ BAD = [
 ]
 
 
+VLLM_FIELDS = {"min_p", "repetition_penalty", "stop_token_ids", "top_k", "ignore_eos"}
+
+
 @pytest.mark.parametrize("fields,param", BAD, ids=[f"{p}-{i}" for i, (_, p) in enumerate(BAD)])
 def test_invalid_completion_fields_are_refused_with_400(client, fields, param):
-    request = {"model": MODEL, "prompt": "def f():", "max_tokens": 4, **fields}
+    extra = {k: v for k, v in fields.items() if k in VLLM_FIELDS}  # not in the openai client's signature
+    request = {"model": MODEL, "prompt": "def f():", "max_tokens": 4,
+               **{k: v for k, v in fields.items() if k not in extra}}
     with pytest.raises(openai.BadRequestError) as refused:
-        client.completions.create(**request)
+        client.completions.create(**request, extra_body=extra)
     assert refused.value.status_code == 400
     assert refused.value.body["param"] == param and refused.value.body["type"] == "invalid_request_error"
 

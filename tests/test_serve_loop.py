@@ -58,7 +58,7 @@ def test_a_failing_engine_step_ends_its_requests_and_the_loop_goes_on(gqa_checkp
     async def one() -> Finished:
         stream = Stream([0, 5, 6, 7], SamplingParams(max_new_tokens=6))
         loop.submit(stream)
-        while not isinstance(event := await stream.events.get(), Finished):
+        while not isinstance(event := (await stream.events.get())[1], Finished):
             pass
         return event
 

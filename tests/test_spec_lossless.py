@@ -64,8 +64,8 @@ def test_a_tree_of_one_child_per_node_is_the_chain(spec_pair, kind, temperature,
         head, state = eng.worker.drafter.head, eng.worker.state
         chain = head.chain(rows, lens, sampling, bonus, 4, state.draft_decode_backend)
         tree = head.tree(rows, lens, sampling, bonus, Candidate(4, 1, 5), state.draft_decode_backend)
-        fast = eng.worker.verifier.verify(rows, lens, chain, sampling, state)
-        general = eng.worker.verifier.verify(rows, lens, tree, sampling, state)
+        fast = eng.worker.verifier.verify(running, chain, sampling, state)
+        general = eng.worker.verifier.verify(running, tree, sampling, state)
         eng.abort(requests)
     assert torch.equal(tree.tokens, chain.tokens) and torch.equal(tree.tokens[:, 0], bonus)
     assert tree.parents.tolist() == [[-1, 0, 1, 2, 3]] * len(running) and not tree.is_chain

@@ -9,6 +9,7 @@ import torch
 from checkpoints import write_eagle3_head, write_eagle_head, write_llama
 from conftest import engine_overrides
 from engine import SamplingParams, build_engine
+from test_logits_processing import reference_processed
 from test_sampling import chi_square_p_value, reference_probs
 
 PROMPT = [0, 3, 9, 4, 12]
@@ -24,8 +25,9 @@ def tiny_pair(tmp_path_factory):
     return target, head
 
 
-def exact_marginals(target, temperature, top_k, top_p):
-    """P(x1), P(x2), P(x3) of the target under the filters, by enumerating continuations."""
+def exact_marginals(target, temperature, top_k, top_p, processing: SamplingParams | None = None):
+    """P(x1), P(x2), P(x3) of the target under the filters (and the logit bias, penalties and min_p of
+    `processing`), and their joint [x1, x2, x3], by enumerating continuations."""
     from transformers import LlamaForCausalLM
 
     model = LlamaForCausalLM.from_pretrained(target, dtype=torch.float32)
@@ -33,13 +35,21 @@ def exact_marginals(target, temperature, top_k, top_p):
     def next_probs(prefixes):
         with torch.no_grad():
             logits = model(torch.tensor([PROMPT + list(p) for p in prefixes])).logits[:, -1].double()
-        return [reference_probs(lg, temperature, top_k, top_p) for lg in logits]
+        if processing is None:
+            return [reference_probs(lg, temperature, top_k, top_p) for lg in logits]
+        return [reference_probs(reference_processed(lg, processing, PROMPT, list(p)), temperature, top_k, top_p,
+                                processing.min_p) for lg, p in zip(logits, prefixes)]
 
     p1 = next_probs([()])[0]
     p2 = torch.stack(next_probs([(a,) for a in range(VOCAB)]))  # [x1, x2]
     p3 = torch.stack(next_probs(list(itertools.product(range(VOCAB), repeat=2)))).view(VOCAB, VOCAB, VOCAB)
-    joint12 = p1[:, None] * p2
-    return [p1, joint12.sum(0), (joint12[:, :, None] * p3).sum((0, 1))]
+    joint = p1[:, None, None] * p2[:, :, None] * p3  # [x1, x2, x3]
+    return [joint.sum((1, 2)), joint.sum((0, 2)), joint.sum((0, 1))], joint
+
+
+def repeat_pattern(x1, x2, x3):
+    """Which of x1 .. x3 repeat an earlier one, as 0..7: what penalties change most."""
+    return 4 * (x2 == x1) + 2 * (x3 == x1) + (x3 == x2)
 
 
 # temperature, top_k, top_p: verification must apply each filter as plain decoding does
@@ -74,12 +84,24 @@ def test_rejection_with_a_reduced_draft_vocabulary_matches_target_distribution(t
                        min_accept_rate=0.01)
 
 
+# logit bias, penalties and min_p, the drafts before a position in a verify counted as plain decoding counts them
+PROCESSING = dict(logit_bias={3: 1.5, 5: -2.0}, presence_penalty=2.0, frequency_penalty=1.0, repetition_penalty=2.0,
+                  min_p=0.02)
+
+
+@pytest.mark.parametrize("verify", ["reproducible", "rejection"])
+@pytest.mark.parametrize("topk,nodes", [SHAPES["chain"], SHAPES["tree2"]], ids=["chain", "tree2"])
+def test_penalties_bias_and_min_p_keep_the_target_distribution(tiny_pair, verify, topk, nodes):
+    check_distribution(tiny_pair, verify, "sample", 1.0, 0, 1.0, topk, nodes, processing=PROCESSING)
+
+
 def check_distribution(tiny_pair, verify, draft_sampling, temperature, top_k, top_p, topk, nodes, kind="eagle",
-                       min_accept_rate=0.05):
+                       min_accept_rate=0.05, processing: dict | None = None):
     target, head = tiny_pair
-    expected = exact_marginals(target, temperature, top_k, top_p)
+    extra = processing or {}
+    expected, joint = exact_marginals(target, temperature, top_k, top_p, SamplingParams(**extra) if processing else None)
     params = [SamplingParams(max_new_tokens=3, temperature=temperature, top_k=top_k, top_p=top_p, seed=s,
-                             ignore_eos=True) for s in range(NUM_SAMPLES)]
+                             ignore_eos=True, **extra) for s in range(NUM_SAMPLES)]
     overrides = engine_overrides(target, kind, f"speculative.draft_sampling={draft_sampling}",
                                  f"speculative.verify={verify}",
                                  "cache.max_running_requests=512", head=head, num_steps=2, topk=topk, nodes=nodes)
@@ -93,7 +115,13 @@ def check_distribution(tiny_pair, verify, draft_sampling, temperature, top_k, to
         assert int((expected[position] > 0).sum()) >= 3
         assert counts[expected[position] == 0].sum() == 0
         assert chi_square_p_value(counts, expected[position]) > 1e-3, f"token {position + 1}"
-    if (temperature, top_k, top_p) != (1.0, 0, 1.0):  # power: the unfiltered T = 1 distribution is rejected
-        unfiltered = exact_marginals(target, 1.0, 0, 1.0)
+    if processing or (temperature, top_k, top_p) != (1.0, 0, 1.0):  # power: the unfiltered T = 1 distribution is rejected
+        unfiltered = exact_marginals(target, 1.0, 0, 1.0)[0]
         counts = torch.bincount(tokens[:, 1], minlength=VOCAB).double()
         assert chi_square_p_value(counts, unfiltered[1]) < 1e-6
+    if processing:  # a position's penalties count the tokens before it, drafts of the same verify included
+        ids = torch.arange(VOCAB)
+        patterns = repeat_pattern(ids[:, None, None], ids[None, :, None], ids[None, None, :])
+        expected_patterns = torch.zeros(8, dtype=torch.float64).scatter_add_(0, patterns.flatten(), joint.flatten())
+        counts = torch.bincount(repeat_pattern(tokens[:, 0], tokens[:, 1], tokens[:, 2]), minlength=8).double()
+        assert chi_square_p_value(counts, expected_patterns) > 1e-3

@@ -8,7 +8,9 @@ request aborted and its KV freed.
 
 import asyncio
 import json
+import re
 import time
+from dataclasses import replace
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -23,8 +25,8 @@ from engine.serve.detokenizer import IncrementalDetokenizer
 from engine.serve.loop import EngineLoop, Finished, QueueFull, Stream
 from engine.serve.metrics import ServerMetrics
 from engine.serve.protocol import (
-    ChatCompletionRequest, CompletionRequest, RequestValidationError, chat_body, chat_chunk, completion_body,
-    error_body, new_id, usage,
+    ChatCompletionRequest, CompletionRequest, RequestValidationError, chat_body, chat_choice, chat_chunk,
+    chat_logprobs, completion_body, completion_choice, completion_logprobs, error_body, new_id, usage,
 )
 from engine.tokenizer import Tokenizer
 
@@ -73,51 +75,53 @@ def create_app(loop: EngineLoop, metrics: ServerMetrics, tokenizer: Tokenizer, m
         req = await _parse(request, CompletionRequest)
         prompt = req.single_prompt()
         ids = tokenizer.encode(prompt) if isinstance(prompt, str) else _checked_ids(prompt)
-        stream = _submit(req, ids, _sampling(req))
+        streams = _submit(req, ids, _sampling(req))
         rid = new_id("cmpl")
+
+        def logprobs(entries, offset):
+            return None if req.logprobs is None else completion_logprobs(entries, tokenizer.token_text, offset)
+
         if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            def chunk(index, text, finish_reason, entries, offset):
+                return completion_body(rid, model_name, [completion_choice(index, text, finish_reason,
+                                                                           logprobs(entries, offset))], chunk=True)
 
-            def chunk(text, finish_reason, output):
-                return completion_body(rid, model_name, text, finish_reason, chunk=True)
+            def last(outputs):
+                body = completion_body(rid, model_name, [], chunk=True, use=_usage(ids, outputs))
+                return [body]  # the usage chunk carries no choice, as OpenAI sends it
 
-            def last(output):
-                if not include_usage:
-                    return []
-                body = completion_body(rid, model_name, "", None, chunk=True, use=usage(len(ids), len(output.token_ids)))
-                body["choices"] = []  # the usage chunk carries no choice, as OpenAI sends it
-                return [body]
-
-            return _sse(request, stream, chunk, last, first=None)
-        output = await _final_output(request, stream)
-        return completion_body(rid, model_name, output.text, output.finish_reason, chunk=False,
-                               use=usage(len(ids), len(output.token_ids)))
+            return _sse(request, streams, chunk, last if _include_usage(req) else None, first=None)
+        outputs = await _final_outputs(request, streams)
+        choices = [completion_choice(i, o.text, o.finish_reason, logprobs(_text_logprobs(o), 0))
+                   for i, o in enumerate(outputs)]
+        return completion_body(rid, model_name, choices, chunk=False, use=_usage(ids, outputs))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         req = await _parse(request, ChatCompletionRequest)
         ids = tokenizer.encode(chat_template.render(req.conversation()))
-        stream = _submit(req, ids, _sampling(req, chat_template.stop))
+        streams = _submit(req, ids, _sampling(req, chat_template.stop))
         rid = new_id("chatcmpl")
+
+        def logprobs(entries):
+            return chat_logprobs(entries, tokenizer.token_text) if req.logprobs else None
+
         if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            def chunk(index, text, finish_reason, entries, offset):
+                delta = {"content": text} if text or finish_reason is None else {}
+                return chat_chunk(rid, model_name, index, delta, finish_reason, logprobs(entries))
 
-            def chunk(text, finish_reason, output):
-                return chat_chunk(rid, model_name, {"content": text} if text or finish_reason is None else {},
-                                  finish_reason)
-
-            def last(output):
-                if not include_usage:
-                    return []
-                body = chat_chunk(rid, model_name, {}, None)
-                body["choices"], body["usage"] = [], usage(len(ids), len(output.token_ids))
+            def last(outputs):
+                body = chat_chunk(rid, model_name, 0, {}, None)
+                body["choices"], body["usage"] = [], _usage(ids, outputs)
                 return [body]
 
-            return _sse(request, stream, chunk, last, first=chat_chunk(rid, model_name,
-                                                                         {"role": "assistant", "content": ""}, None))
-        output = await _final_output(request, stream)
-        body = chat_body(rid, model_name, output.text, output.finish_reason)
-        body["usage"] = usage(len(ids), len(output.token_ids))
+            first = [chat_chunk(rid, model_name, i, {"role": "assistant", "content": ""}, None) for i in range(req.n)]
+            return _sse(request, streams, chunk, last if _include_usage(req) else None, first=first)
+        outputs = await _final_outputs(request, streams)
+        body = chat_body(rid, model_name, [chat_choice(i, o.text, o.finish_reason, logprobs(_text_logprobs(o)))
+                                           for i, o in enumerate(outputs)])
+        body["usage"] = _usage(ids, outputs)
         return body
 
     # ---- helpers (closures over the app's engine loop and settings) ----
@@ -146,11 +150,22 @@ def create_app(loop: EngineLoop, metrics: ServerMetrics, tokenizer: Tokenizer, m
 
     def _sampling(req, extra_stop=()) -> SamplingParams:
         try:
-            return req.sampling_params(defaults, list(extra_stop))
+            params = req.sampling_params(defaults, list(extra_stop))
+            params.check_vocabulary(vocab_size)
         except ConfigError as e:
-            raise RequestValidationError(str(e).replace("sampling.", "", 1)) from None
+            message = str(e)
+            named = re.match(r"sampling\.(\w+)", message)
+            raise RequestValidationError(message.replace("sampling.", "", 1), named and named.group(1)) from None
+        spec, field = req.structured_output()
+        if spec is not None:  # compiled here (and cached): a grammar that cannot compile never reaches the loop
+            try:
+                loop.engine.grammars.check(spec, field)
+            except ConfigError as e:
+                raise RequestValidationError(str(e), field) from None
+        return params
 
-    def _submit(req, ids: list[int], params: SamplingParams) -> Stream:
+    def _submit(req, ids: list[int], params: SamplingParams) -> list[Stream]:
+        """The request's n samples, each a Stream of one engine request, sharing one event queue."""
         if not ids:
             raise RequestValidationError("prompt encodes to no tokens", "prompt")
         if len(ids) >= context_len:
@@ -166,54 +181,98 @@ def create_app(loop: EngineLoop, metrics: ServerMetrics, tokenizer: Tokenizer, m
         error = loop.admission_error(ids, params)
         if error:
             raise RequestValidationError(error.replace("lower max_new_tokens", "lower max_tokens"), "max_tokens")
-        stream = Stream(ids, params)
+        events = asyncio.Queue()
+        streams = [Stream(ids, replace(params, n=1, seed=None if params.seed is None else (params.seed + i) % 2**64),
+                          index=i, events=events) for i in range(params.n)]
         try:
-            loop.submit(stream)
+            loop.submit_all(streams)
         except QueueFull as e:
             raise RequestValidationError(f"server busy: {e}; retry later", None, status=503) from None
-        return stream
+        return streams
 
-    async def _final_output(request: Request, stream: Stream) -> RequestOutput:
+    def _include_usage(req) -> bool:
+        return bool(req.stream_options and req.stream_options.include_usage)
+
+    def _usage(ids: list[int], outputs: list[RequestOutput]) -> dict:
+        return usage(len(ids), sum(len(o.token_ids) for o in outputs))
+
+    def _text_logprobs(output: RequestOutput) -> list:
+        """The logprobs of the tokens the text shows: a stop token's or one past a stop string's are cut."""
+        entries = output.logprobs or []
+        if output.finish_reason == "stop" and entries and tokenizer.decode(output.token_ids) != output.text:
+            shown = len(output.token_ids)
+            while shown > 0 and len(tokenizer.decode(output.token_ids[:shown - 1])) >= len(output.text):
+                shown -= 1
+            entries = entries[:shown]
+        return entries
+
+    def _abort_all(streams: list[Stream]) -> None:
+        for stream in streams:
+            loop.abort(stream)
+
+    async def _final_outputs(request: Request, streams: list[Stream]) -> list[RequestOutput]:
+        """Every sample's output, in index order (the choice index), once all have finished."""
+        events, outputs = streams[0].events, {}
         checked = time.monotonic()
-        while True:
+        while len(outputs) < len(streams):
             try:
-                event = await asyncio.wait_for(stream.events.get(), DISCONNECT_POLL_S)
+                index, event = await asyncio.wait_for(events.get(), DISCONNECT_POLL_S)
             except asyncio.TimeoutError:
-                event = None
+                index, event = None, None
             if isinstance(event, Finished):
                 if event.output.finish_reason == "error":
+                    _abort_all(streams)
                     raise RequestValidationError(event.output.error, None, status=500)
-                return event.output
+                outputs[index] = event.output
             if time.monotonic() - checked >= DISCONNECT_POLL_S:  # tokens arrive every step: check by the clock
                 checked = time.monotonic()
                 if await request.is_disconnected():
-                    loop.abort(stream)
+                    _abort_all(streams)
                     raise RequestValidationError("client closed the request", None, status=499)
+        return [outputs[i] for i in range(len(streams))]
 
-    def _sse(request: Request, stream: Stream, chunk, last, first) -> StreamingResponse:
-        detokenizer = IncrementalDetokenizer(tokenizer, stream.params.stop)
+    def _sse(request: Request, streams: list[Stream], chunk, last, first) -> StreamingResponse:
+        """chunk(index, text, finish_reason, logprob entries, text offset) -> a chunk body; last(outputs) ->
+        the bodies after every sample finished (None: none); first: bodies sent before any token."""
+        stops = streams[0].params.stop
+        detokenizers = [IncrementalDetokenizer(tokenizer, stops) for _ in streams]
+        pending = [[] for _ in streams]  # per sample: logprobs of tokens that came after the last chunk
+        num_sent = [0] * len(streams)  # per sample: logprob entries sent
+        text_sent = [0] * len(streams)  # per sample: characters sent (the next chunk's text offset)
+        finished: dict[int, RequestOutput] = {}
+
+        def piece_chunk(index: int, text: str, finish_reason):
+            entries, pending[index] = pending[index], []
+            body = chunk(index, text, finish_reason, entries, text_sent[index])
+            num_sent[index] += len(entries)
+            text_sent[index] += len(text)
+            return _data(body)
 
         async def events():
             try:
-                if first is not None:
-                    yield _data(first)
-                while True:
-                    event = await stream.events.get()
+                for body in first or []:
+                    yield _data(body)
+                while len(finished) < len(streams):
+                    index, event = await streams[0].events.get()
                     if isinstance(event, Finished):
                         output = event.output
                         if output.finish_reason == "error":
                             yield _data(error_body(output.error, None, "server_error"))
-                        else:
-                            yield _data(chunk(detokenizer.finish(output.text), output.finish_reason, output))
-                            for body in last(output):
-                                yield _data(body)
-                        yield "data: [DONE]\n\n"
-                        return
-                    piece = detokenizer.add(event)
+                            yield "data: [DONE]\n\n"
+                            return
+                        finished[index] = output
+                        pending[index] = _text_logprobs(output)[num_sent[index]:]
+                        yield piece_chunk(index, detokenizers[index].finish(output.text), output.finish_reason)
+                        continue
+                    pending[index].extend(event.logprobs or [])
+                    piece = detokenizers[index].add(event.ids)
                     if piece:
-                        yield _data(chunk(piece, None, None))
-            finally:  # the client went away (or the stream ended): nothing is left running
-                loop.abort(stream)
+                        yield piece_chunk(index, piece, None)
+                for body in (last([finished[i] for i in range(len(streams))]) if last else []):
+                    yield _data(body)
+                yield "data: [DONE]\n\n"
+            finally:  # the client went away (or the streams ended): nothing is left running
+                _abort_all(streams)
 
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -7,15 +7,14 @@ instead, for in-process use.
 
 HTTP handlers hand it `Stream`s through a thread-safe inbox. Between engine iterations the loop
 takes in new requests (they join the running batch: continuous batching), aborts the ones whose
-client went away (their KV is freed at once), and pushes each request's newly committed token ids,
-then its final output, to the handler's asyncio queue. An exception inside an engine step ends the
+client went away (their KV is freed at once), and pushes each request's newly committed token ids
+(and their logprobs), then its final output, to the handler's asyncio queue. An exception inside an engine step ends the
 requests of that step with an error; the loop itself goes on.
 """
 
 import asyncio
 import queue
 import threading
-import time
 from dataclasses import dataclass, field
 
 from engine.engine import Engine
@@ -33,12 +32,20 @@ class Finished:
     output: RequestOutput
 
 
+@dataclass
+class Tokens:
+    ids: list[int]  # newly generated token ids
+    logprobs: list | None = None  # their TokenLogprobs, when the request asked
+
+
 @dataclass(eq=False)
 class Stream:
-    """One request as the handler sees it: `events` yields lists of new token ids, then `Finished`."""
+    """One request (one of a prompt's samples) as the handler sees it: `events` yields (index, Tokens)
+    as tokens are generated, then (index, Finished). A prompt's n samples share one queue."""
 
     prompt_ids: list[int]
     params: SamplingParams
+    index: int = 0
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     aio_loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop)
     request: Request | None = None  # set by the engine thread
@@ -48,7 +55,7 @@ class Stream:
 
     def push(self, event) -> None:
         try:
-            self.aio_loop.call_soon_threadsafe(self.events.put_nowait, event)
+            self.aio_loop.call_soon_threadsafe(self.events.put_nowait, (self.index, event))
         except RuntimeError:  # the HTTP side's event loop is closed (shutting down): nobody is listening
             pass
 
@@ -110,11 +117,16 @@ class EngineLoop:
         return self._running and not self._stop.is_set()
 
     def submit(self, stream: Stream) -> None:
+        self.submit_all([stream])
+
+    def submit_all(self, streams: list[Stream]) -> None:
+        """Queue the streams together, or none of them when the queue has no room for all."""
         with self._lock:
-            if self._num_queued >= self.max_queue:
+            if self._num_queued + len(streams) > self.max_queue:
                 raise QueueFull(f"{self._num_queued} requests are waiting (server.max_queue = {self.max_queue})")
-            self._num_queued += 1
-        self._inbox.put(("add", stream))
+            self._num_queued += len(streams)
+        for stream in streams:
+            self._inbox.put(("add", stream))
 
     def abort(self, stream: Stream) -> None:
         if not stream.done:
@@ -180,7 +192,8 @@ class EngineLoop:
                 stream.push(Finished(output))
                 continue
             if len(request.output_ids) > stream.num_sent:
-                stream.push(request.output_ids[stream.num_sent:])
+                logprobs = None if request.logprobs is None else request.logprobs[stream.num_sent:]
+                stream.push(Tokens(request.output_ids[stream.num_sent:], logprobs))
                 stream.num_sent = len(request.output_ids)
             still.append(stream)
         self._streams = still

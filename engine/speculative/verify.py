@@ -14,11 +14,13 @@ sampled requests by speculative rejection sampling instead (`rejection.py`): mor
 output still distributed as plain decoding's but not the same draws.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
+from engine import logprobs
 from engine.forward_batch import ForwardBatch
+from engine.request import Request
 from engine.runner import ForwardOutput, ModelRunner
 from engine.sampling import Sampler, SamplingBatch
 from engine.speculative import rejection
@@ -46,10 +48,14 @@ class TargetVerifier:
         self.sampler = sampler
         self.mode = mode  # "reproducible" | "rejection"
 
-    def verify(self, rows: list[int], prefix_lens: list[int], tree: DraftTree, sampling: SamplingBatch,
-               state) -> Verified:
-        """One target forward over `tree` ([B, N] nodes after each request's `prefix_lens`) on the
-        state's verify backend; the accepted path of each request."""
+    def verify(self, requests: list[Request], tree: DraftTree, sampling: SamplingBatch, state) -> Verified:
+        """One target forward over `tree` ([B, N] nodes after each request's committed tokens) on the
+        state's verify backend; the accepted path of each request (and the logprobs of its emitted
+        tokens, for requests that ask: `logprobs.record`)."""
+        rows, prefix_lens = [r.row for r in requests], [r.num_computed for r in requests]
+        grammar = sampling.grammar
+        if grammar is not None:  # drafts a grammar rejects are cut before the forward
+            tree = replace(tree, tokens=grammar.prepare(tree.tokens, None if tree.is_chain else tree.parents))
         b, n = tree.tokens.shape
         tokens = tree.tokens.clamp(min=0)  # the target reads some token at an unfilled node; it is never accepted
         if tree.is_chain:
@@ -60,8 +66,19 @@ class TargetVerifier:
                                           tree.ancestor_mask(), self.req_to_token)
         out = self.target_runner.forward(batch, logits_indices=state.verify_buffers.indices(b, n),
                                          attn_backend=state.verify_backend, graph=state.verify_graph)
-        accept_lens, path, chosen = self.accept(out.logits, tree, sampling)
-        return self._verified(prefix_lens, tree, out, accept_lens, path, chosen)
+        # each node's logits processed as plain decoding would at its position (drafts on its path counted)
+        processed = logits = sampling.processed(out.logits, tree.tokens, None if tree.is_chain else tree.ancestor_mask())
+        if grammar is not None:
+            logits = grammar.apply(logits)
+        accept_lens, path, chosen = self.accept(logits, tree, sampling)
+        verified = self._verified(prefix_lens, tree, out, accept_lens, path, chosen)
+        if grammar is not None:
+            grammar.commit(verified.emitted)
+        if any(r.params.logprobs is not None for r in requests):
+            rows = (torch.arange(b, device=path.device)[:, None] * n + path).tolist()
+            logprobs.record(requests, processed, [row[:len(e)] for row, e in zip(rows, verified.emitted)],
+                            verified.emitted)
+        return verified
 
     def accept(self, logits: torch.Tensor, tree: DraftTree, sampling: SamplingBatch
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -32,12 +32,13 @@ from engine.speculative.verify import TargetVerifier, Verified
 
 class SpeculativeWorker:
     def __init__(self, target_runner: ModelRunner, drafter: Drafter, req_to_token: torch.Tensor, sampler: Sampler,
-                 initial_state: SpecRuntimeState, verify: str = "reproducible"):
+                 initial_state: SpecRuntimeState, verify: str = "reproducible", mask_drafts: bool = True):
         self.target_runner = target_runner
         self.drafter = drafter
         self.req_to_token = req_to_token
         self.sampler = sampler
         self.verifier = TargetVerifier(target_runner, req_to_token, sampler, verify)
+        self.mask_drafts = mask_drafts  # structured output: drafts follow the requests' grammars
         self.counters = SpecCounters()
         self.candidate_states: dict = {}  # Candidate -> its SpecRuntimeState
         self.controller = None
@@ -76,7 +77,7 @@ class SpeculativeWorker:
         # a preempted request comes back with output: it extends prompt + output
         batch = ForwardBatch.from_tails(rows, [r.all_ids for r in requests], [0] * len(requests), self.req_to_token)
         out = self.target_runner.forward(batch)
-        first = self.sampler.sample(out.logits, SamplingBatch.of_requests(requests, out.logits.device))[:, 0].tolist()
+        first = self.sampler.next_tokens(out.logits, requests, SamplingBatch.of_requests(requests, out.logits.device))
         for request in requests:
             request.num_computed = request.seq_len
         self.drafter.start(requests, out, first)
@@ -102,13 +103,13 @@ class SpeculativeWorker:
     def iterate(self, requests: list[Request], clock: PhaseClock) -> Verified:
         """propose -> verify -> commit -> extend, on the live runtime state."""
         state = self.state
-        rows, prefix_lens = [r.row for r in requests], [r.num_computed for r in requests]
         # the positions this cycle samples: the drafts' and the verified nodes' (depth 0 .. num_steps)
-        sampling = SamplingBatch.of_requests(requests, self.req_to_token.device, horizon=state.candidate.num_steps + 1)
+        sampling = SamplingBatch.of_requests(requests, self.req_to_token.device, horizon=state.candidate.num_steps + 1,
+                                             cut_drafts=self.mask_drafts)
         bonus = torch.tensor([r.output_ids[-1] for r in requests], dtype=torch.int64, device=self.req_to_token.device)
         tree = self.drafter.propose(requests, sampling, bonus, state)
         clock.lap("draft")
-        verified = self.verifier.verify(rows, prefix_lens, tree, sampling, state)
+        verified = self.verifier.verify(requests, tree, sampling, state)
         commit(requests, verified, tree.is_chain, self.target_runner.kv_pool, self.req_to_token)
         clock.lap("verify")
         self.drafter.after_verify(requests, verified, state)

@@ -92,27 +92,53 @@ class DraftHead:
         coupled = self._sampled_drafts(sampling, "reproducible")
         drawn = self._sampled_drafts(sampling, "rejection")
         columns = self.model.draft_token_ids() if coupled else None  # target ids of the draft vocabulary
+        # a grammar's requests draft what it allows after the drafts before (rolled back when done)
+        walks = sampling.grammar.draft_walks() if sampling.grammar is not None else None
         tokens, probs = [], []
-        for step in range(num_steps):
-            if coupled:
-                token = self.model.draft_to_target(self.sampler.sample(logits, sampling, offset=step,
-                                                                       token_ids=columns)[:, 0])
-            elif drawn:
-                draft_columns, (q, q_columns) = rejection.draw_drafts(logits, sampling, offset=step)
-                token = self.model.draft_to_target(draft_columns)
-                probs.append((q, self._target_ids(q_columns)))
-            else:
-                token = self.model.draft_to_target(logits.argmax(dim=-1))
-            tokens.append(token)
-            if step == num_steps - 1:
-                break
-            # draft row L + step pairs the proposal of this step with the previous step's hidden
-            batch = ForwardBatch.from_tails(rows, token[:, None], [n + step for n in seq_lens], self.req_to_token)
-            backend = decode_backend.backend_for_step(step)
-            out = self.runner.forward(batch, attn_backend=backend, graph=graph, **self._features_input(hidden))
-            hidden, logits = out.hidden, out.logits
+        try:
+            for step in range(num_steps):
+                allowed = None
+                if walks:
+                    logits, allowed = self._grammar_masked(logits, walks)
+                if coupled:
+                    token = self.model.draft_to_target(self.sampler.sample(logits, sampling, offset=step,
+                                                                           token_ids=columns)[:, 0])
+                elif drawn:
+                    draft_columns, (q, q_columns) = rejection.draw_drafts(logits, sampling, offset=step)
+                    token = self.model.draft_to_target(draft_columns)
+                    probs.append((q, self._target_ids(q_columns)))
+                else:
+                    token = self.model.draft_to_target(logits.argmax(dim=-1))
+                tokens.append(token)
+                if walks:
+                    drafted = token.tolist()
+                    for row, walk in walks.items():
+                        walk.advance(drafted[row], allowed[row])
+                if step == num_steps - 1:
+                    break
+                # draft row L + step pairs the proposal of this step with the previous step's hidden
+                batch = ForwardBatch.from_tails(rows, token[:, None], [n + step for n in seq_lens], self.req_to_token)
+                backend = decode_backend.backend_for_step(step)
+                out = self.runner.forward(batch, attn_backend=backend, graph=graph, **self._features_input(hidden))
+                hidden, logits = out.hidden, out.logits
+        finally:
+            for walk in (walks or {}).values():
+                walk.close()
         draft_probs = rejection.DraftProbs(probs) if drawn else None
         return DraftTree.chain(bonus, torch.stack(tokens, dim=1), draft_probs)
+
+    def _grammar_masked(self, logits: torch.Tensor, walks: dict) -> tuple[torch.Tensor, dict]:
+        """The draft's logits [B, Vd] with what each walk's grammar disallows next at -inf (over the
+        draft vocabulary's target ids); and each walk's mask over the target vocabulary (None: unmasked)."""
+        allowed = {row: walk.mask() for row, walk in walks.items()}
+        keep = torch.ones(logits.shape, dtype=torch.bool, device=logits.device)
+        ids = self.model.draft_token_ids()
+        for row, mask in allowed.items():
+            if mask is not None:
+                on_draft = mask.to(logits.device)[ids[:logits.shape[-1]]]
+                if bool(on_draft.any()):  # a draft vocabulary with none of the allowed tokens drafts freely
+                    keep[row] = on_draft
+        return logits.masked_fill(~keep, float("-inf")), allowed
 
     def tree(self, rows: list[int], seq_lens: list[int], sampling: SamplingBatch, bonus: torch.Tensor,
              shape: Candidate, decode_backend: MultiStepDraftBackend | None, graph=None) -> DraftTree:

@@ -1,0 +1,74 @@
+"""The grammars of a batch's requests in one step: masks for every node a forward scores, drafts the
+grammar rejects cut before verification, emitted tokens consumed after it."""
+
+from dataclasses import dataclass, field
+
+import torch
+
+UNFILLED = -1  # as a draft tree's unfilled node (`engine.speculative.tree.UNFILLED`)
+
+
+@dataclass
+class GrammarBatch:
+    """`rows`: the batch indices of the requests with a grammar; `grammars` their GrammarMatchers.
+    `cut_drafts`: verification drops drafts the grammar rejects (else the target's masked choice turns
+    them down); the head's steps draft under the mask too."""
+
+    size: int
+    rows: list[int]
+    grammars: list
+    cut_drafts: bool = True
+    _masks: torch.Tensor | None = field(default=None, repr=False)  # [P, n, V] bool: what each node allows next
+
+    @classmethod
+    def of_requests(cls, requests, cut_drafts: bool = True) -> "GrammarBatch | None":
+        rows = [i for i, r in enumerate(requests) if r.grammar is not None]
+        if not rows:
+            return None
+        return cls(len(requests), rows, [requests[i].grammar for i in rows], cut_drafts)
+
+    def prepare(self, tokens: torch.Tensor | None = None, parents: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Masks for the nodes of `tokens` [B, n] (None: one position per request, after its output;
+        parents [B, n], None for chains). Returns the tokens with the drafts the grammar rejects (and
+        their descendants) unfilled, when `cut_drafts`; else as they were."""
+        if tokens is None:
+            self._masks = torch.stack([g.allowed() for g in self.grammars])[:, None]
+            return None
+        n = tokens.shape[1]
+        host_tokens = tokens.tolist()
+        host_parents = parents.tolist() if parents is not None else None
+        cut = tokens.clone()
+        masks = []
+        for row, grammar in zip(self.rows, self.grammars):
+            chain_parents = list(range(-1, n - 1))
+            valid, mask = grammar.walk(host_tokens[row], chain_parents if host_parents is None else host_parents[row])
+            masks.append(mask)
+            if self.cut_drafts:
+                cut[row, torch.tensor([not v for v in valid])] = UNFILLED
+        self._masks = torch.stack(masks)
+        return cut if self.cut_drafts else tokens
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits [B * n, V] (n as prepared) with what the grammar disallows at each node at -inf (a node
+        that allows nothing keeps its logits: it is past the grammar's end, never emitted)."""
+        n, vocab = logits.shape[0] // self.size, logits.shape[-1]
+        masks = self._masks
+        if masks.shape[-1] < vocab:  # columns past the tokenizer's vocabulary
+            masks = torch.cat([masks, masks.new_zeros(*masks.shape[:2], vocab - masks.shape[-1])], dim=-1)
+        masks = masks | ~masks.any(dim=-1, keepdim=True)
+        if len(self.rows) < self.size:  # requests without a grammar allow everything
+            every = torch.ones(self.size, n, vocab, dtype=torch.bool)
+            every[torch.tensor(self.rows)] = masks
+            masks = every
+        return logits.masked_fill(~masks.view(-1, vocab).to(logits.device), float("-inf"))
+
+    def commit(self, tokens: list[list[int]]) -> None:
+        """Each batch request's emitted tokens, consumed by its grammar."""
+        for row, grammar in zip(self.rows, self.grammars):
+            grammar.consume(tokens[row])
+
+    def draft_walks(self) -> "dict[int, object] | None":
+        """A DraftWalk per grammar row, for a chain's draft steps (None: drafts go unmasked)."""
+        if not self.cut_drafts:
+            return None
+        return {row: grammar.draft_state() for row, grammar in zip(self.rows, self.grammars)}

@@ -1,0 +1,108 @@
+"""One request's grammar state: the tokens its output may take next, along any path of drafts."""
+
+import torch
+
+class GrammarMatcher:
+    """Wraps an llguidance matcher that has consumed the request's output so far (`num_consumed`
+    tokens). `stopped_at`: the output length at which the grammar was complete (no token but eos may
+    follow), the request's end."""
+
+    def __init__(self, matcher, vocab_size: int):
+        self.matcher = matcher
+        self.vocab_size = vocab_size
+        self.num_consumed = 0
+        self.stopped_at: int | None = None
+
+    def allowed(self) -> torch.Tensor:
+        """[V] bool: the tokens the grammar allows next (llguidance's byte per token, 0 or not: measured
+        faster here than unpacking its bitmask)."""
+        allowed = torch.frombuffer(bytearray(self.matcher.compute_logit_bias()), dtype=torch.uint8)
+        return allowed[:self.vocab_size].bool()
+
+    def walk(self, tokens: list[int], parents: list[int]) -> tuple[list[bool], torch.Tensor]:
+        """A draft tree's nodes (tokens [N], node 0 the root, already consumed; parents [N], parents before
+        children): (valid [N]: the node's token and its ancestors' are allowed where they stand, the
+        root always; masks [N, V] bool: what the grammar allows after each valid node, all True after an
+        invalid one, which is never on an accepted path). The matcher ends where it started."""
+        n = len(tokens)
+        everything = torch.ones(self.vocab_size, dtype=torch.bool)
+        masks = [everything] * n
+        valid, complete = [False] * n, [False] * n
+        valid[0] = True
+        stack: list[int] = []  # the nodes consumed beyond the root, root-side first
+        for j in range(n):
+            if j > 0:
+                parent = parents[j]
+                if not valid[parent] or not 0 <= tokens[j] < self.vocab_size or not bool(masks[parent][tokens[j]]):
+                    continue
+                valid[j] = True
+                if complete[parent]:  # eos after the grammar's end: the last node of its path, never consumed
+                    masks[j] = torch.zeros_like(everything)  # (consuming it would not be rolled back)
+                    continue
+                path = self._path(j, parents)
+                common = 0
+                while common < min(len(stack), len(path)) and stack[common] == path[common]:
+                    common += 1
+                if len(stack) > common:
+                    self.matcher.rollback(len(stack) - common)
+                    del stack[common:]
+                for node in path[common:]:
+                    self.matcher.consume_token(tokens[node])
+                    stack.append(node)
+            complete[j] = self.matcher.is_stopped()
+            masks[j] = self.allowed()  # complete: eos alone (or nothing) may follow
+        if stack:
+            self.matcher.rollback(len(stack))
+        return valid, torch.stack(masks)
+
+    @staticmethod
+    def _path(node: int, parents: list[int]) -> list[int]:
+        path = []
+        while node > 0:
+            path.append(node)
+            node = parents[node]
+        return path[::-1]
+
+    def consume(self, tokens: list[int]) -> None:
+        """The request's newly emitted tokens, in order (those after the grammar completed are not its)."""
+        for token in tokens:
+            if self.stopped_at is not None:
+                return
+            if not self.matcher.consume_token(token):
+                raise RuntimeError(f"token {token} broke the request's grammar: {self.matcher.get_error()}")
+            self.num_consumed += 1
+            if self.matcher.is_stopped():
+                self.stopped_at = self.num_consumed
+
+    def draft_state(self) -> "DraftWalk":
+        return DraftWalk(self)
+
+
+class DraftWalk:
+    """A draft chain's walk through the grammar: the mask for each step's draft, each draft consumed
+    tentatively, everything rolled back by `close`. A draft the grammar does not allow (nothing else
+    was left) ends the walk: later steps go unmasked, and verification cuts them."""
+
+    def __init__(self, grammar: GrammarMatcher):
+        self.grammar = grammar
+        self.consumed = 0
+        self.alive = True
+
+    def mask(self) -> torch.Tensor | None:
+        """[V] bool for the next draft, or None (unmasked)."""
+        if not self.alive:
+            return None
+        allowed = self.grammar.allowed()
+        return allowed if bool(allowed.any()) else None
+
+    def advance(self, token: int, allowed: torch.Tensor | None) -> None:
+        if not self.alive or allowed is None or not bool(allowed[token]) or self.grammar.matcher.is_stopped():
+            self.alive = False  # (a token after the grammar's end is never consumed: it would not roll back)
+            return
+        self.grammar.matcher.consume_token(token)
+        self.consumed += 1
+
+    def close(self) -> None:
+        if self.consumed:
+            self.grammar.matcher.rollback(self.consumed)
+        self.consumed = 0
