@@ -2,8 +2,8 @@
 
 A token's log-probability is log_softmax(processed logits / T) at its position: the logits after logit
 bias and penalties (`logits_processing`), T the request's temperature (1 for greedy), before a
-grammar's mask, min-p, top-k and top-p (the model's own view, as vLLM reports it, and never -inf); the
-alternatives are the `logprobs` best tokens there, best first. Under speculation
+grammar's mask, min-p, top-k and top-p (what the model and the request's bias and penalties give the
+token, whatever the grammar forces); the alternatives are the `logprobs` best tokens there, best first. Under speculation
 the verify forward's row of the node a token was chosen at gives it, so it is plain decoding's.
 """
 
@@ -29,7 +29,7 @@ def record(requests, logits: torch.Tensor, rows: list[list[int]], tokens: list[l
         return
     flat_rows = [row for i in wanted for row in rows[i]]
     flat_tokens = [t for i in wanted for t in tokens[i]]
-    temperature = [requests[i].params.temperature or 1.0 for i in wanted for _ in rows[i]]
+    temperature = [1.0 if requests[i].params.greedy else requests[i].params.temperature for i in wanted for _ in rows[i]]
     device = logits.device
     index = torch.tensor(flat_rows, dtype=torch.int64, device=device)
     scaled = logits[index].float() / torch.tensor(temperature, device=device)[:, None]

@@ -96,7 +96,10 @@ def filtered_all_columns(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch
     values, columns = torch.where(in_crossing, probs, -1.0).topk(width, dim=-1)  # the crossing bucket, ranked
     values = values.clamp(min=0.0)
     ranked_before = above + values.cumsum(dim=-1) - values
-    ranked_in = torch.zeros_like(in_crossing).scatter_(1, columns, (values > 0) & (ranked_before < top_p[:, None]))
+    # the first ranked column always (a top_p that rounds to 0 in float32 still keeps the best column)
+    first = torch.arange(width, device=logits.device)[None, :] == 0
+    ranked_in = torch.zeros_like(in_crossing).scatter_(
+        1, columns, (values > 0) & ((ranked_before < top_p[:, None]) | (first & (crossing == 0))))
     kept = torch.where(has_p[:, None], probs * ((bucket < crossing) | ranked_in), probs)
     return kept / kept.sum(dim=-1, keepdim=True)
 

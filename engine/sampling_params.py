@@ -1,3 +1,4 @@
+import math
 from dataclasses import dataclass, field
 
 from engine.errors import ConfigError
@@ -9,7 +10,7 @@ from engine.structured.grammars import validate_spec
 class SamplingParams:
     """Per-request generation settings.
 
-    temperature 0 means greedy. top_k <= 0, top_p == 1 and min_p == 0 disable those filters. A sampled
+    temperature 0 (or below 1e-5) means greedy. top_k <= 0, top_p == 1 and min_p == 0 disable those filters. A sampled
     request's token at output position i is drawn with noise keyed by (`seed`, i), so with a seed it
     does not depend on the rest of the batch, the speculative configuration or the step schedule;
     without one, the engine draws a seed from its own `seed`.
@@ -63,13 +64,14 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW
 
     def validate(self, prefix: str = "sampling") -> None:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ConfigError(f"{prefix}.max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
-        if self.temperature < 0:
-            raise ConfigError(f"{prefix}.temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
+        if not _number(self.temperature) or not 0 <= self.temperature < math.inf:
+            raise ConfigError(f"{prefix}.temperature must be a finite number >= 0 (0 = greedy; below {GREEDY_BELOW} "
+                              f"too), got {self.temperature!r}")
         if not isinstance(self.top_k, int) or self.top_k < 0:
             raise ConfigError(f"{prefix}.top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
         if not 0.0 < self.top_p <= 1.0:
@@ -113,6 +115,7 @@ class SamplingParams:
                 raise ConfigError(f"{prefix}.{name}: token id {bad[0]} is not in the vocabulary [0, {vocab_size})")
 
 
+GREEDY_BELOW = 1e-5  # a temperature this low samples as greedy (logits / T would overflow)
 MAX_PENALTY = 2.0  # presence and frequency penalties, as OpenAI bounds them
 MAX_REPETITION_PENALTY = 10.0
 MAX_LOGIT_BIAS = 100.0

@@ -13,7 +13,11 @@ class StopChecker:
         self.max_context_len = max_context_len
 
     def append(self, request: Request, token: int) -> bool:
-        """Append one generated token; return True when the request is finished by it."""
+        """Append one generated token; return True when the request is finished by it (a token its
+        grammar refused fails it, and it alone)."""
+        if request.grammar is not None and request.grammar.error is not None:
+            request.fail(request.grammar.error)
+            return True
         request.output_ids.append(token)
         if request.first_token_time is None:
             request.first_token_time = time.perf_counter()

@@ -10,6 +10,7 @@ from engine.forward_batch import ForwardBatch
 from engine.request import Request
 from engine.runner import ModelRunner
 from engine.sampling import Sampler, SamplingBatch
+from engine.shared_prefill import Siblings
 
 
 class DecodeWorker:
@@ -22,11 +23,17 @@ class DecodeWorker:
     @torch.inference_mode()  # every tensor of a step is an inference tensor (graph runners see one kind)
     def step(self, requests: list[Request]) -> list[list[int]]:
         """Return the new tokens of each request (here exactly one)."""
+        # a prompt's n samples run its forward once (`shared_prefill`)
+        siblings = Siblings.of(requests, [r.num_computed == 0 and not r.output_ids for r in requests])
+        computed = [requests[i] for i in siblings.computed]
         batch = ForwardBatch.from_tails(
-            [r.row for r in requests], [r.uncomputed_ids for r in requests],
-            [r.num_computed for r in requests], self.req_to_token,
+            [r.row for r in computed], [r.uncomputed_ids for r in computed],
+            [r.num_computed for r in computed], self.req_to_token,
         )
         output = self.runner.forward(batch, graph=self.graph)
+        if siblings.shared:
+            siblings.copy_kv(requests, self.runner.kv_pool, self.req_to_token)
+            output = siblings.expand(output, batch.extend_lens)
         for request in requests:
             request.num_computed = request.seq_len
         sampling = SamplingBatch.of_requests(requests, output.logits.device)

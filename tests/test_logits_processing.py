@@ -223,3 +223,30 @@ def test_logprobs_are_bit_identical_with_row_invariant_kernels():
             assert overrides[0] == "speculative=none" or eng.metrics()["mean_accept_length"] > 1.2
     for plain, spec in zip(*runs):
         assert spec.token_ids == plain.token_ids and spec.logprobs == plain.logprobs
+
+
+@pytest.mark.parametrize("algorithm", ["none", "eagle3", "ngram"])
+def test_n_samples_prefill_their_prompt_once(spec_pair, gqa_checkpoint, algorithm):
+    """The target runs the prompt's forward once for all n samples (the others copy its KV), and each
+    sample's tokens are those it gets alone (under speculative.verify=reproducible, as plain decoding's).
+    The EAGLE-3 pair's target reads little context; the others run on one that does (a sample without
+    the prompt's KV would differ)."""
+    target, heads = spec_pair if algorithm == "eagle3" else (gqa_checkpoint, {})
+    prompt = PROMPTS[2]
+    params = SamplingParams(max_new_tokens=12, temperature=0.9, seed=8, n=3, frequency_penalty=0.2, ignore_eos=True)
+    with build_engine(engine_overrides(target, algorithm, head=heads.get(algorithm))) as eng:
+        runner = eng.worker.runner if algorithm == "none" else eng.worker.target_runner
+        forward, extended = runner.forward, []
+
+        def recorded(batch, *args, **kwargs):
+            extended.append(sum(batch.extend_lens))
+            return forward(batch, *args, **kwargs)
+
+        runner.forward = recorded
+        outs = eng.generate(prompt, params)
+        prompt_len = len(outs[0].prompt_token_ids)
+        assert extended[0] == prompt_len and eng.scheduler.kv.all_free()
+    alone = run_plain(target, [prompt] * 3, [SamplingParams(max_new_tokens=12, temperature=0.9, seed=8 + i,
+                                                            frequency_penalty=0.2, ignore_eos=True) for i in range(3)])
+    assert [o.token_ids for o in outs] == [o.token_ids for o in alone]
+    assert len({tuple(o.token_ids) for o in outs}) == 3

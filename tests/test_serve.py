@@ -150,6 +150,7 @@ BAD = [
     (dict(min_p=1.5), "min_p"),
     (dict(logprobs=21), "logprobs"),
     (dict(logit_bias={"abc": 1}), "logit_bias"),
+    (dict(logit_bias={"\u00b2": 1}), "logit_bias"),  # a digit to str.isdigit, not to int()
     (dict(logit_bias={"5": 101}), "logit_bias.5"),
     (dict(logit_bias={"4096": 1}), "logit_bias"),  # past the shipped vocabulary
     (dict(stop_token_ids=[-1]), "stop_token_ids.0"),
@@ -181,7 +182,8 @@ def test_wrong_types_unknown_models_and_bad_bodies(server, client):
     assert missing.value.body["code"] == "model_not_found"
     for body in ({"model": MODEL, "prompt": "x", "max_tokens": "5"}, {"model": MODEL, "prompt": 7},
                  {"model": MODEL, "prompt": "x", "temperature": "hot"}, {"prompt": "x"}, [1, 2], "not json",
-                 {"model": MODEL, "prompt": "x", "stream": "yes"}):
+                 {"model": MODEL, "prompt": "x", "stream": "yes"}, '{"model": "target", "prompt": "x", "temperature": Infinity}',
+                 {"model": MODEL, "prompt": "x", "response_format": {"type": "json_schema", "json_schema": "s"}}):
         raw = body.encode() if isinstance(body, str) else json.dumps(body).encode()
         status, reply = server.post("/v1/completions", raw)
         assert status == 400 and reply["error"]["message"], (body, reply)

@@ -84,15 +84,17 @@ def test_seeded_structured_sampling_equals_plain_under_reproducible_verify(spec_
         assert [o.token_ids for o in eng.generate(prompts, params)] == [o.token_ids for o in plain]
 
 
-def test_drafts_that_follow_the_grammar_are_accepted_more_with_the_same_output(spec_pair):
+@pytest.mark.parametrize("topk", [1, 3], ids=["chain", "tree"])
+def test_drafts_that_follow_the_grammar_are_accepted_more_with_the_same_output(spec_pair, topk):
     """speculative.mask_drafts=false leaves the head's drafts unmasked (the target's masked choice
-    turns the bad ones down): the same tokens, fewer of the drafts accepted."""
+    turns the bad ones down): the same tokens, fewer of the drafts accepted. Chains mask each draft
+    step, trees each expanded node's children."""
     target, heads = spec_pair
     params = structured({"json_schema": SCHEMAS[0]})
     runs = {}
     for masked in (True, False):
         with build_engine(engine_overrides(target, "eagle3", f"speculative.mask_drafts={str(masked).lower()}",
-                                           head=heads["eagle3"], num_steps=4)) as eng:
+                                           head=heads["eagle3"], num_steps=4 if topk == 1 else 3, topk=topk)) as eng:
             outs = eng.generate(PROMPTS, params)
             runs[masked] = ([o.token_ids for o in outs], eng.metrics()["mean_accept_length"])
     assert runs[True][0] == runs[False][0]
@@ -121,3 +123,27 @@ def test_grammars_that_cannot_compile_are_refused_before_anything_runs(gqa_check
         with pytest.raises(ConfigError, match=rf"sampling.structured_output.{field}"):
             eng.generate(["def f():", "x = 1"], [SamplingParams(max_new_tokens=2), structured(spec)])
         assert not eng.has_work() and eng.scheduler.kv.all_free()
+
+
+def test_degenerate_sampling_values_stay_within_the_grammar(spec_pair):
+    """A temperature too small to divide by samples as greedy, and a top_p that rounds to 0 keeps the
+    best token: no row without a choice reaches the grammar."""
+    target, _ = spec_pair
+    with pytest.raises(ConfigError, match="sampling.temperature must be a finite number"):
+        SamplingParams(temperature=float("inf"))
+    greedy = run_plain(target, PROMPTS[:2], structured({"regex": REGEX}))
+    for params in (structured({"regex": REGEX}, temperature=1e-40, seed=1), structured({"regex": REGEX}, temperature=0.9,
+                                                                                       top_p=1e-300, seed=2)):
+        outs = run_plain(target, PROMPTS[:2], params)
+        assert [o.token_ids for o in outs] == [o.token_ids for o in greedy]  # both reduce to the argmax
+
+
+def test_a_token_the_grammar_refuses_fails_its_request_alone(spec_pair):
+    target, heads = spec_pair
+    with build_engine(engine_overrides(target, "eagle", head=heads["eagle"])) as eng:
+        broken, fine = eng.submit(PROMPTS[:2], [structured({"json_object": True}), SamplingParams(max_new_tokens=8)])
+        broken.grammar.consume = lambda tokens: setattr(broken.grammar, "error", "refused token")  # as if refused
+        while eng.has_work():
+            eng.step()
+        assert broken.finish_reason == "error" and broken.error == "refused token"
+        assert fine.finish_reason == "length" and len(fine.output_ids) == 8 and eng.scheduler.kv.all_free()

@@ -73,6 +73,7 @@ def create_app(loop: EngineLoop, metrics: ServerMetrics, tokenizer: Tokenizer, m
     @app.post("/v1/completions")
     async def completions(request: Request):
         req = await _parse(request, CompletionRequest)
+        await _compiled(req)
         prompt = req.single_prompt()
         ids = tokenizer.encode(prompt) if isinstance(prompt, str) else _checked_ids(prompt)
         streams = _submit(req, ids, _sampling(req))
@@ -99,6 +100,7 @@ def create_app(loop: EngineLoop, metrics: ServerMetrics, tokenizer: Tokenizer, m
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         req = await _parse(request, ChatCompletionRequest)
+        await _compiled(req)
         ids = tokenizer.encode(chat_template.render(req.conversation()))
         streams = _submit(req, ids, _sampling(req, chat_template.stop))
         rid = new_id("chatcmpl")
@@ -156,13 +158,17 @@ def create_app(loop: EngineLoop, metrics: ServerMetrics, tokenizer: Tokenizer, m
             message = str(e)
             named = re.match(r"sampling\.(\w+)", message)
             raise RequestValidationError(message.replace("sampling.", "", 1), named and named.group(1)) from None
+        return params
+
+    async def _compiled(req) -> None:
+        """A request's grammar compiled (and cached) before it reaches the loop, off the event loop: one
+        that cannot compile is refused here."""
         spec, field = req.structured_output()
-        if spec is not None:  # compiled here (and cached): a grammar that cannot compile never reaches the loop
+        if spec is not None:
             try:
-                loop.engine.grammars.check(spec, field)
+                await asyncio.to_thread(loop.engine.grammars.check, spec, field)
             except ConfigError as e:
                 raise RequestValidationError(str(e), field) from None
-        return params
 
     def _submit(req, ids: list[int], params: SamplingParams) -> list[Stream]:
         """The request's n samples, each a Stream of one engine request, sharing one event queue."""
@@ -181,6 +187,9 @@ def create_app(loop: EngineLoop, metrics: ServerMetrics, tokenizer: Tokenizer, m
         error = loop.admission_error(ids, params)
         if error:
             raise RequestValidationError(error.replace("lower max_new_tokens", "lower max_tokens"), "max_tokens")
+        if params.n > loop.max_queue:
+            raise RequestValidationError(f"n = {params.n} samples can never wait at once: server.max_queue is "
+                                         f"{loop.max_queue}", "n")
         events = asyncio.Queue()
         streams = [Stream(ids, replace(params, n=1, seed=None if params.seed is None else (params.seed + i) % 2**64),
                           index=i, events=events) for i in range(params.n)]

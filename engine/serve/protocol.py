@@ -29,7 +29,7 @@ class RequestValidationError(ValueError):
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
     include_usage: StrictBool = False
 
 
@@ -37,7 +37,7 @@ class SamplingFields(BaseModel):
     """The fields both endpoints share. top_k, min_p, repetition_penalty, stop_token_ids and ignore_eos
     are extra fields, as in vLLM; logit_bias maps token ids (as strings, as OpenAI sends them) to a bias."""
 
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
     model: StrictStr
     max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
     temperature: Annotated[Number, Field(ge=0)] | None = None
@@ -66,7 +66,7 @@ class SamplingFields(BaseModel):
         if any(s == "" for s in stops):
             raise RequestValidationError("stop strings must not be empty", "stop")
         for key in self.logit_bias or {}:
-            if not key.isdigit():
+            if not (key.isascii() and key.isdigit()):
                 raise RequestValidationError(f"logit_bias keys must be token ids (e.g. \"13\"), got {key!r}", "logit_bias")
         self.structured_output()
 
@@ -78,7 +78,8 @@ class SamplingFields(BaseModel):
             if kind == "json_object":
                 specs.append(({"json_object": True}, "response_format"))
             elif kind == "json_schema":
-                schema = (self.response_format.get("json_schema") or {}).get("schema")
+                described = self.response_format.get("json_schema")
+                schema = described.get("schema") if isinstance(described, dict) else None
                 if not isinstance(schema, dict):
                     raise RequestValidationError("response_format.json_schema.schema must be a JSON schema object",
                                                  "response_format")
@@ -151,13 +152,13 @@ class CompletionRequest(SamplingFields):
 
 
 class TextPart(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
     type: Literal["text"]
     text: StrictStr
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
     role: Literal["system", "developer", "user", "assistant"]
     content: StrictStr | list[TextPart]
     name: StrictStr | None = None

@@ -53,7 +53,7 @@ class TargetVerifier:
         state's verify backend; the accepted path of each request (and the logprobs of its emitted
         tokens, for requests that ask: `logprobs.record`)."""
         rows, prefix_lens = [r.row for r in requests], [r.num_computed for r in requests]
-        grammar = sampling.grammar
+        grammar, proposed = sampling.grammar, tree
         if grammar is not None:  # drafts a grammar rejects are cut before the forward
             tree = replace(tree, tokens=grammar.prepare(tree.tokens, None if tree.is_chain else tree.parents))
         b, n = tree.tokens.shape
@@ -71,7 +71,7 @@ class TargetVerifier:
         if grammar is not None:
             logits = grammar.apply(logits)
         accept_lens, path, chosen = self.accept(logits, tree, sampling)
-        verified = self._verified(prefix_lens, tree, out, accept_lens, path, chosen)
+        verified = self._verified(prefix_lens, tree, out, accept_lens, path, chosen, proposed.reach().tolist())
         if grammar is not None:
             grammar.commit(verified.emitted)
         if any(r.params.logprobs is not None for r in requests):
@@ -102,12 +102,12 @@ class TargetVerifier:
 
     @staticmethod
     def _verified(prefix_lens: list[int], tree: DraftTree, out: ForwardOutput, accept_lens: torch.Tensor,
-                  path: torch.Tensor, chosen: torch.Tensor) -> Verified:
+                  path: torch.Tensor, chosen: torch.Tensor, reach: list[int]) -> Verified:
         b, n = path.shape
         on_path = torch.arange(n, device=path.device) < accept_lens[:, None]  # [B, N]
         keep = (torch.arange(b, device=path.device)[:, None] * n + path)[on_path]
         emitted = [row[:m] for row, m in zip(chosen.tolist(), accept_lens.tolist())]
-        return Verified(list(prefix_lens), emitted, path, on_path, keep, out, tree.reach().tolist())
+        return Verified(list(prefix_lens), emitted, path, on_path, keep, out, reach)
 
 
 def accept_lengths(drafts: torch.Tensor, target_tokens: torch.Tensor) -> torch.Tensor:

@@ -21,6 +21,7 @@ from engine.forward_batch import ForwardBatch
 from engine.request import Request
 from engine.runner import ModelRunner
 from engine.sampling import Sampler, SamplingBatch
+from engine.shared_prefill import Siblings
 from engine.speculative.bindings import bind_runtime_state
 from engine.speculative.commit import commit
 from engine.speculative.drafters.base import Drafter
@@ -73,10 +74,16 @@ class SpeculativeWorker:
         return [emitted[id(r)] for r in requests]
 
     def prefill(self, requests: list[Request]) -> list[list[int]]:
-        rows = [r.row for r in requests]
+        # a prompt's n samples run its forward once (`shared_prefill`)
+        siblings = Siblings.of(requests, [not r.output_ids for r in requests])
+        computed = [requests[i] for i in siblings.computed]
         # a preempted request comes back with output: it extends prompt + output
-        batch = ForwardBatch.from_tails(rows, [r.all_ids for r in requests], [0] * len(requests), self.req_to_token)
+        batch = ForwardBatch.from_tails([r.row for r in computed], [r.all_ids for r in computed], [0] * len(computed),
+                                        self.req_to_token)
         out = self.target_runner.forward(batch)
+        if siblings.shared:
+            siblings.copy_kv(requests, self.target_runner.kv_pool, self.req_to_token)
+            out = siblings.expand(out, batch.extend_lens)
         first = self.sampler.next_tokens(out.logits, requests, SamplingBatch.of_requests(requests, out.logits.device))
         for request in requests:
             request.num_computed = request.seq_len

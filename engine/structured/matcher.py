@@ -12,6 +12,7 @@ class GrammarMatcher:
         self.vocab_size = vocab_size
         self.num_consumed = 0
         self.stopped_at: int | None = None
+        self.error: str | None = None  # a token the grammar refused (the request fails with this)
 
     def allowed(self) -> torch.Tensor:
         """[V] bool: the tokens the grammar allows next (llguidance's byte per token, 0 or not: measured
@@ -55,6 +56,23 @@ class GrammarMatcher:
             self.matcher.rollback(len(stack))
         return valid, torch.stack(masks)
 
+    def masks_after(self, paths: list[list[int]]) -> torch.Tensor:
+        """[len(paths), V] bool: what the grammar allows after each path of tokens from where it stands
+        (all True after a path it rejects, which verification cuts); the matcher ends where it started."""
+        everything = torch.ones(self.vocab_size, dtype=torch.bool)
+        masks = []
+        for path in paths:
+            consumed = 0
+            for token in path:  # checked first: a rejected token would leave the matcher in error for good
+                if self.matcher.is_stopped() or self.matcher.validate_tokens([token]) != 1:
+                    break
+                self.matcher.consume_token(token)
+                consumed += 1
+            masks.append(self.allowed() if consumed == len(path) else everything)
+            if consumed:
+                self.matcher.rollback(consumed)
+        return torch.stack(masks)
+
     @staticmethod
     def _path(node: int, parents: list[int]) -> list[int]:
         path = []
@@ -66,10 +84,11 @@ class GrammarMatcher:
     def consume(self, tokens: list[int]) -> None:
         """The request's newly emitted tokens, in order (those after the grammar completed are not its)."""
         for token in tokens:
-            if self.stopped_at is not None:
+            if self.stopped_at is not None or self.error is not None:
                 return
-            if not self.matcher.consume_token(token):
-                raise RuntimeError(f"token {token} broke the request's grammar: {self.matcher.get_error()}")
+            if not self.matcher.consume_token(token):  # only a row without any allowed choice gets here
+                self.error = f"token {token} breaks the request's structured output: {self.matcher.get_error()}"
+                return
             self.num_consumed += 1
             if self.matcher.is_stopped():
                 self.stopped_at = self.num_consumed

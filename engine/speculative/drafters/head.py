@@ -140,6 +140,27 @@ class DraftHead:
                     keep[row] = on_draft
         return logits.masked_fill(~keep, float("-inf")), allowed
 
+    def _frontier_paths(self, rows: list[int], frontier: torch.Tensor, cand_ids: torch.Tensor,
+                        cand_parents: torch.Tensor) -> dict[int, list[list[int]]]:
+        """Per request row: the target ids of each frontier node's path (frontier [B, w] candidate indices)."""
+        index = torch.tensor(rows, device=frontier.device)
+        to_target = self.model.draft_token_ids().tolist()
+        ids, parents, nodes = cand_ids[index].tolist(), cand_parents[index].tolist(), frontier[index].tolist()
+        return {row: [[to_target[t] for t in _candidate_path(ids[i], parents[i], node)] for node in nodes[i]]
+                for i, row in enumerate(rows)}
+
+    def _tree_grammar_masked(self, logits: torch.Tensor, grammar, paths: dict[int, list[list[int]]]) -> torch.Tensor:
+        """logits [B * w, Vd] of w tree nodes per request, with what each grammar row's request allows after
+        each node's path (paths: row -> w paths of target ids) at -inf, over the draft vocabulary."""
+        width = logits.shape[0] // grammar.size
+        keep = torch.ones(logits.shape, dtype=torch.bool, device=logits.device)
+        ids = self.model.draft_token_ids()[:logits.shape[-1]]
+        for row, matcher in zip(grammar.rows, grammar.grammars):
+            on_draft = matcher.masks_after(paths[row]).to(logits.device)[:, ids]  # [w, Vd]
+            allows = on_draft.any(dim=-1, keepdim=True)  # a node whose allowed tokens the draft lacks drafts freely
+            keep[row * width:(row + 1) * width] = on_draft | ~allows
+        return logits.masked_fill(~keep, float("-inf"))
+
     def tree(self, rows: list[int], seq_lens: list[int], sampling: SamplingBatch, bonus: torch.Tensor,
              shape: Candidate, decode_backend: MultiStepDraftBackend | None, graph=None) -> DraftTree:
         """EAGLE-2 dynamic expansion over `shape.num_steps` steps; returns each request's tree of
@@ -181,6 +202,9 @@ class DraftHead:
         cand_scores = torch.empty(b, num_candidates, dtype=torch.float32, device=device)
         cand_parents = torch.full((b, num_candidates), -1, dtype=torch.int64, device=device)
         cand_depths = torch.ones(b, num_candidates, dtype=torch.int64, device=device)
+        grammar = sampling.grammar if sampling.grammar is not None and sampling.grammar.cut_drafts else None
+        if grammar is not None:  # each node's children are what its request's grammar allows after its path
+            logits = self._tree_grammar_masked(logits, grammar, {row: [[]] for row in grammar.rows})
         ids, logp = children(logits, 0)  # the root's children: depth 1
         cand_ids[:, :k], cand_scores[:, :k] = ids.view(b, k), logp.view(b, k)
         frontier = torch.arange(k, device=device).expand(b, k)  # candidate index of each frontier node
@@ -198,7 +222,11 @@ class DraftHead:
             out = self.runner.forward(batch, attn_backend=decode_backend.backend_for_step(step - 1), graph=graph,
                                       **self._features_input(frontier_hidden.reshape(b * k, -1)))
             step_hidden = out.hidden.view(b, k, -1)  # [B, k, H] the frontier's outputs
-            ids, logp = children(out.logits, step)  # [B, k, k]
+            node_logits = out.logits
+            if grammar is not None:
+                node_logits = self._tree_grammar_masked(node_logits, grammar,
+                                                        self._frontier_paths(grammar.rows, frontier, cand_ids, cand_parents))
+            ids, logp = children(node_logits, step)  # [B, k, k]
             scores = (cand_scores.gather(1, frontier)[:, :, None] + logp).view(b, k * k)
             new = slice(filled, filled + k * k)
             cand_ids[:, new], cand_scores[:, new] = ids.view(b, k * k), scores
@@ -215,6 +243,15 @@ class DraftHead:
         tree = select_tree(bonus, cand_ids, cand_parents, cand_scores, cand_depths, shape.num_draft_tokens)
         tree.tokens[:, 1:] = self.model.draft_to_target(tree.tokens[:, 1:])
         return tree
+
+
+def _candidate_path(ids: list[int], parents: list[int], node: int) -> list[int]:
+    """The draft ids from the root's child down to candidate `node` (parents: -1 below the root)."""
+    path = []
+    while node >= 0:
+        path.append(ids[node])
+        node = parents[node]
+    return path[::-1]
 
 
 def _path_table(row_prefix: torch.Tensor, prefix_lens: torch.Tensor, path_slots: torch.Tensor) -> torch.Tensor:
