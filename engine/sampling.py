@@ -174,13 +174,13 @@ class SamplingBatch:
         )
 
     @classmethod
-    def of_requests(cls, requests, device, horizon: int = 1, cut_drafts: bool = True) -> "SamplingBatch":
-        """For requests whose next token is the one after their current output. `cut_drafts`: drafts
+    def of_requests(cls, requests, device, horizon: int = 1, mask_drafts: bool = True) -> "SamplingBatch":
+        """For requests whose next token is the one after their current output. `mask_drafts`: drafts
         follow the requests' grammars (`GrammarBatch`)."""
         batch = cls.of([r.params for r in requests], [r.seed_words for r in requests],
                        [len(r.output_ids) for r in requests], device, horizon)
         batch.processing = LogitsProcessing.of_requests(requests)
-        batch.grammar = GrammarBatch.of_requests(requests, cut_drafts)
+        batch.grammar = GrammarBatch.of_requests(requests, mask_drafts)
         return batch
 
     def processed(self, logits: torch.Tensor, tokens: torch.Tensor | None = None,

@@ -112,7 +112,7 @@ class SpeculativeWorker:
         state = self.state
         # the positions this cycle samples: the drafts' and the verified nodes' (depth 0 .. num_steps)
         sampling = SamplingBatch.of_requests(requests, self.req_to_token.device, horizon=state.candidate.num_steps + 1,
-                                             cut_drafts=self.mask_drafts)
+                                             mask_drafts=self.mask_drafts)
         bonus = torch.tensor([r.output_ids[-1] for r in requests], dtype=torch.int64, device=self.req_to_token.device)
         tree = self.drafter.propose(requests, sampling, bonus, state)
         clock.lap("draft")

@@ -11,26 +11,27 @@ UNFILLED = -1  # as a draft tree's unfilled node (`engine.speculative.tree.UNFIL
 @dataclass
 class GrammarBatch:
     """`rows`: the batch indices of the requests with a grammar; `grammars` their GrammarMatchers.
-    `cut_drafts`: verification drops drafts the grammar rejects (else the target's masked choice turns
-    them down); the head's steps draft under the mask too."""
+    `mask_drafts` (`speculative.mask_drafts`): the head drafts under the grammar's masks (chain steps and
+    tree expansion) and verification drops drafts the grammar rejects; else the head drafts freely and
+    the target's masked choice turns the bad drafts down."""
 
     size: int
     rows: list[int]
     grammars: list
-    cut_drafts: bool = True
+    mask_drafts: bool = True
     _masks: torch.Tensor | None = field(default=None, repr=False)  # [P, n, V] bool: what each node allows next
 
     @classmethod
-    def of_requests(cls, requests, cut_drafts: bool = True) -> "GrammarBatch | None":
+    def of_requests(cls, requests, mask_drafts: bool = True) -> "GrammarBatch | None":
         rows = [i for i, r in enumerate(requests) if r.grammar is not None]
         if not rows:
             return None
-        return cls(len(requests), rows, [requests[i].grammar for i in rows], cut_drafts)
+        return cls(len(requests), rows, [requests[i].grammar for i in rows], mask_drafts)
 
     def prepare(self, tokens: torch.Tensor | None = None, parents: torch.Tensor | None = None) -> torch.Tensor | None:
         """Masks for the nodes of `tokens` [B, n] (None: one position per request, after its output;
         parents [B, n], None for chains). Returns the tokens with the drafts the grammar rejects (and
-        their descendants) unfilled, when `cut_drafts`; else as they were."""
+        their descendants) unfilled, when `mask_drafts`; else as they were."""
         if tokens is None:
             self._masks = torch.stack([g.allowed() for g in self.grammars])[:, None]
             return None
@@ -43,10 +44,10 @@ class GrammarBatch:
             chain_parents = list(range(-1, n - 1))
             valid, mask = grammar.walk(host_tokens[row], chain_parents if host_parents is None else host_parents[row])
             masks.append(mask)
-            if self.cut_drafts:
+            if self.mask_drafts:
                 cut[row, torch.tensor([not v for v in valid])] = UNFILLED
         self._masks = torch.stack(masks)
-        return cut if self.cut_drafts else tokens
+        return cut if self.mask_drafts else tokens
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         """logits [B * n, V] (n as prepared) with what the grammar disallows at each node at -inf (a node
@@ -69,6 +70,6 @@ class GrammarBatch:
 
     def draft_walks(self) -> "dict[int, object] | None":
         """A DraftWalk per grammar row, for a chain's draft steps (None: drafts go unmasked)."""
-        if not self.cut_drafts:
+        if not self.mask_drafts:
             return None
         return {row: grammar.draft_state() for row, grammar in zip(self.rows, self.grammars)}

@@ -202,7 +202,7 @@ class DraftHead:
         cand_scores = torch.empty(b, num_candidates, dtype=torch.float32, device=device)
         cand_parents = torch.full((b, num_candidates), -1, dtype=torch.int64, device=device)
         cand_depths = torch.ones(b, num_candidates, dtype=torch.int64, device=device)
-        grammar = sampling.grammar if sampling.grammar is not None and sampling.grammar.cut_drafts else None
+        grammar = sampling.grammar if sampling.grammar is not None and sampling.grammar.mask_drafts else None
         if grammar is not None:  # each node's children are what its request's grammar allows after its path
             logits = self._tree_grammar_masked(logits, grammar, {row: [[]] for row in grammar.rows})
         ids, logp = children(logits, 0)  # the root's children: depth 1
