@@ -169,3 +169,17 @@ def test_structured_outputs_that_cannot_compile_are_refused(clients, fields, par
         clients[1].chat.completions.create(model=MODEL, max_tokens=8, messages=[{"role": "user", "content": "x"}],
                                            **fields)
     assert refused.value.body["param"] == param
+
+
+def test_streamed_logprobs_follow_the_text_a_stop_string_cuts(clients):
+    """Logprobs stream with the text they belong to: text held back for a possible stop string holds
+    its tokens' logprobs too, so a stream's entries are the non-streamed reply's, stop or not."""
+    plain = clients[0]
+    args = dict(model=MODEL, prompt=SERVED_PROMPTS[0], max_tokens=40, temperature=0, logprobs=1)
+    free = plain.completions.create(**args).choices[0].text
+    stop = free[len(free) // 2:len(free) // 2 + 12]  # characters from the middle, whole tokens among them
+    for extra in ({}, {"stop": [stop]}):
+        whole = plain.completions.create(**args, **extra).choices[0]
+        texts, tokens, _, _ = streamed_choices(plain, **args, **extra, n=1)
+        assert texts[0] == whole.text and tokens[0] == whole.logprobs.tokens
+    assert whole.finish_reason == "stop" and len(whole.text) < len(free)

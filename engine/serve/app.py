@@ -245,13 +245,17 @@ def create_app(loop: EngineLoop, metrics: ServerMetrics, tokenizer: Tokenizer, m
         the bodies after every sample finished (None: none); first: bodies sent before any token."""
         stops = streams[0].params.stop
         detokenizers = [IncrementalDetokenizer(tokenizer, stops) for _ in streams]
-        pending = [[] for _ in streams]  # per sample: logprobs of tokens that came after the last chunk
+        # per sample: logprobs not sent yet, each event's with the text length its tokens reach; an
+        # event's go out once all of its text has (text held back for a stop string holds them too)
+        pending: list[list[tuple[list, int]]] = [[] for _ in streams]
         num_sent = [0] * len(streams)  # per sample: logprob entries sent
         text_sent = [0] * len(streams)  # per sample: characters sent (the next chunk's text offset)
         finished: dict[int, RequestOutput] = {}
 
         def piece_chunk(index: int, text: str, finish_reason):
-            entries, pending[index] = pending[index], []
+            reached = len(detokenizers[index].sent)
+            entries = [e for group, end in pending[index] if end <= reached for e in group]
+            pending[index] = [(group, end) for group, end in pending[index] if end > reached]
             body = chunk(index, text, finish_reason, entries, text_sent[index])
             num_sent[index] += len(entries)
             text_sent[index] += len(text)
@@ -270,11 +274,11 @@ def create_app(loop: EngineLoop, metrics: ServerMetrics, tokenizer: Tokenizer, m
                             yield "data: [DONE]\n\n"
                             return
                         finished[index] = output
-                        pending[index] = _text_logprobs(output)[num_sent[index]:]
+                        pending[index] = [(_text_logprobs(output)[num_sent[index]:], 0)]
                         yield piece_chunk(index, detokenizers[index].finish(output.text), output.finish_reason)
                         continue
-                    pending[index].extend(event.logprobs or [])
                     piece = detokenizers[index].add(event.ids)
+                    pending[index].append((event.logprobs or [], detokenizers[index].text_len))
                     if piece:
                         yield piece_chunk(index, piece, None)
                 for body in (last([finished[i] for i in range(len(streams))]) if last else []):

@@ -17,11 +17,13 @@ class IncrementalDetokenizer:
         self.holdback = max((len(s) for s in stop), default=1) - 1
         self.token_ids: list[int] = []
         self.sent = ""
+        self.text_len = 0  # characters the tokens so far decode to
 
     def add(self, token_ids: list[int]) -> str:
         """Take newly generated tokens; return the text that can be released now ("" if none)."""
         self.token_ids.extend(token_ids)
         text = self.tokenizer.decode(self.token_ids)
+        self.text_len = len(text)
         end = len(text) - self.holdback
         while end > len(self.sent) and text[end - 1] == REPLACEMENT:
             end -= 1
