@@ -22,5 +22,6 @@ class CacheContainer(containers.DeclarativeContainer):
         ReqToTokenTable, max_requests=config.max_running_requests, max_context_len=max_context_len,
         lookahead_tokens=lookahead_tokens, device=device,
     )
-    manager = Singleton(KVCacheManager, allocator, req_to_token, config.page_size)
+    prefix_cache = Singleton(factories.prefix_cache, config.prefix_caching, allocator, config.page_size)
+    manager = Singleton(KVCacheManager, allocator, req_to_token, config.page_size, prefix_cache)
     target_pool = Singleton(factories.kv_pool_for, target_model, num_pages, config.page_size, device)

@@ -5,6 +5,7 @@ from pathlib import Path
 import torch
 
 from engine.cache.kv_pool import PagedKVPool
+from engine.cache.prefix_cache import PrefixCache
 from engine.errors import ConfigError
 from engine.graphs.graph_runner import GraphRunner
 from engine.graphs.settings import GraphSettings, graph_settings
@@ -61,6 +62,10 @@ def max_context_len(configured: int | None, model) -> int:
             f"only within the window; allowed: 2..{window}, or null for {min(window, config.max_position_embeddings)}"
         )
     return configured
+
+
+def prefix_cache(enabled: bool, allocator, page_size: int) -> PrefixCache | None:
+    return PrefixCache(allocator, page_size) if enabled else None
 
 
 def num_pages(max_total_tokens: int, page_size: int) -> int:

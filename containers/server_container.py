@@ -47,5 +47,5 @@ class ServerContainer(containers.DeclarativeContainer):
         context_len=engine_container.cache.max_context_len,
         defaults=engine_container.default_sampling,
         chat_template=providers.Callable(chat_template, config.server.chat_template),
-        api_key=config.server.api_key,
+        api_key=config.server.api_key, max_body_bytes=config.server.max_body_bytes,
     )

@@ -48,7 +48,7 @@ class Engine:
             while self.scheduler.has_work():
                 self.step()
         except BaseException as e:  # an error or an interrupt mid-step: leave no request running and no KV held
-            self.scheduler.abort(requests, f"generate() stopped by {type(e).__name__}: {e}")
+            self.scheduler.abort(requests, f"generate() stopped by {type(e).__name__}: {e}", cache=False)
             raise
         self._metrics.generate_time_s += time.perf_counter() - start
         return [self.output(r) for r in requests]
@@ -85,10 +85,11 @@ class Engine:
             if request.logprobs is not None and request.new_logprobs is not None:
                 request.logprobs.extend(request.new_logprobs[:appended])
         self._metrics.forward_steps += 1
+        self.scheduler.cache_progress()
         self.scheduler.release_finished()
 
     def metrics(self) -> dict:
-        return {**self._metrics.as_dict(), "preemptions": self.scheduler.num_preemptions, **self.worker.stats()}
+        return {**self._metrics.as_dict(), **self.scheduler.stats(), **self.worker.stats()}
 
     def close(self) -> None:
         self.closed = True
@@ -155,6 +156,7 @@ class Engine:
         latency = (request.finish_time or request.arrival_time) - request.arrival_time
         stats = {
             "prompt_tokens": len(request.prompt_ids),
+            "cached_tokens": request.num_cached_tokens or 0,  # prompt tokens whose KV came from the prefix cache
             "generated_tokens": len(request.output_ids),
             "forward_steps": request.num_forward_steps,
             "latency_s": latency,

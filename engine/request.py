@@ -25,6 +25,8 @@ class Request:
     status: Status = Status.WAITING
     row: int | None = None  # row in the request-to-token table while running
     num_computed: int = 0  # tokens whose KV is committed
+    prefilled: bool = False  # its worker has run its prefill since it was last admitted
+    num_cached_tokens: int | None = None  # prompt tokens found in the prefix cache at its first admission
     finish_reason: str | None = None  # "stop" | "length" | "error" | "abort"
     error: str | None = None
     stop_text_end: int | None = None  # text is cut here when a stop string matched

@@ -8,23 +8,33 @@ KV is freed and it goes back to the front of the queue with its output kept; on 
 prefills prompt + output again and goes on (sampling is keyed by output position, so a seeded
 request emits the same tokens). The oldest request never waits on a younger one, so every request
 finishes. A request that could not fit even alone in the empty pool fails at `add`, with the reason.
+
+With a prefix cache, a request is admitted onto the cached KV of the longest prefix it shares with
+earlier sequences and computes only the rest (`num_computed` starts past the match); its pages join
+the cache as their KV becomes final, and when it ends or is preempted. `cacheable_len(request)` says
+how many leading positions hold final KV in every pool (the worker's drafter may lag the target).
 """
 
 from collections import deque
+from typing import Callable
 
 from engine.cache.manager import KVCacheManager
 from engine.request import Request, Status
 
 
 class Scheduler:
-    def __init__(self, kv: KVCacheManager, max_running_requests: int, max_prefill_tokens: int, lookahead_tokens: int = 0):
+    def __init__(self, kv: KVCacheManager, max_running_requests: int, max_prefill_tokens: int, lookahead_tokens: int = 0,
+                 cacheable_len: Callable[[Request], int] | None = None):
         self.kv = kv
+        self.cacheable_len = cacheable_len or (lambda request: request.num_computed)
         self.max_running_requests = max_running_requests
         self.max_prefill_tokens = max_prefill_tokens
         self.lookahead_tokens = lookahead_tokens  # extra KV positions a speculative step may write
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.prompt_tokens_admitted = 0  # prompt tokens of first admissions
+        self.cached_tokens_admitted = 0  # of them, found in the prefix cache
 
     def kv_tokens_for(self, request: Request) -> int:
         """KV positions of the request's longest possible sequence (at most the context limit) and of
@@ -57,6 +67,14 @@ class Scheduler:
                     f"{self.kv.allocator.num_pages}: raise cache.max_total_tokens or lower max_new_tokens")
         return None
 
+    def stats(self) -> dict:
+        stats = {"preemptions": self.num_preemptions}
+        if self.kv.prefix_cache is not None:
+            stats.update(cached_prompt_tokens=self.cached_tokens_admitted,
+                         prefix_cache_hit_rate=self.cached_tokens_admitted / max(1, self.prompt_tokens_admitted),
+                         prefix_cache_pages=self.kv.cached_pages)
+        return stats
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
@@ -67,16 +85,32 @@ class Scheduler:
         budget, admitted = self.max_prefill_tokens, 0
         while self.waiting and len(self.running) < self.max_running_requests:
             request = self.waiting[0]
+            matched = self.kv.match(request.all_ids)
+            to_compute = request.seq_len - len(matched) * self.kv.page_size
             # a prompt longer than the whole budget still runs, alone in its step
-            if (admitted and request.seq_len > budget) or not self.kv.can_admit(self.step_tokens_for(request)):
+            if (admitted and to_compute > budget) or not self.kv.can_admit(self.step_tokens_for(request), matched):
                 break
             self.waiting.popleft()
-            request.row = self.kv.admit(self.step_tokens_for(request))
+            request.row = self.kv.admit(self.step_tokens_for(request), matched)
+            request.num_computed = request.seq_len - to_compute
+            request.prefilled = False
+            if request.num_cached_tokens is None:  # its first admission
+                request.num_cached_tokens = request.num_computed
+                self.prompt_tokens_admitted += len(request.prompt_ids)
+                self.cached_tokens_admitted += request.num_computed
             request.status = Status.RUNNING
             self.running.append(request)
-            budget -= request.seq_len
+            budget -= to_compute
             admitted += 1
         return list(self.running)
+
+    def cache_progress(self) -> None:
+        """Offer the prefix cache the pages running requests have made final (a shared system prompt is
+        reused while its first request still runs)."""
+        if self.kv.prefix_cache is not None:
+            for request in self.running:
+                if not request.finished:
+                    self.kv.cache(request.row, request.all_ids, self.cacheable_len(request))
 
     def _grow_running(self) -> None:
         i = 0
@@ -88,7 +122,7 @@ class Scheduler:
                 self._preempt(self.running.pop())
 
     def _preempt(self, request: Request) -> None:
-        self.kv.release(request.row)
+        self._release(request)
         request.row = None
         request.num_computed = 0
         request.status = Status.WAITING
@@ -96,18 +130,25 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(request)
 
-    def abort(self, requests: list[Request], reason: str, finish_reason: str = "error") -> None:
-        """End `requests` where they stand (waiting or running) and free their KV."""
+    def abort(self, requests: list[Request], reason: str, finish_reason: str = "error", cache: bool = True) -> None:
+        """End `requests` where they stand (waiting or running) and free their KV. cache: False when a step
+        broke off midway, so that KV it was writing is not offered to the prefix cache."""
         for request in requests:
             if not request.finished:
                 request.fail(reason, finish_reason)
         self.waiting = deque(r for r in self.waiting if not r.finished)
-        self.release_finished()
+        self.release_finished(cache)
 
-    def release_finished(self) -> list[Request]:
+    def release_finished(self, cache: bool = True) -> list[Request]:
         done = [r for r in self.running if r.finished]
         for request in done:
-            self.kv.release(request.row)
+            self._release(request, cache)
             request.row = None
         self.running = [r for r in self.running if not r.finished]
         return done
+
+    def _release(self, request: Request, cache: bool = True) -> None:
+        if cache and request.prefilled:  # its KV as far as it is final joins the prefix cache
+            self.kv.release(request.row, request.all_ids, self.cacheable_len(request))
+        else:
+            self.kv.release(request.row)

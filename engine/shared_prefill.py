@@ -2,9 +2,10 @@
 its outputs.
 
 Siblings are requests of one prompt that start together with nothing generated yet (`sample_index`
-telling them apart, the same prompt ids). The target forward runs over the first sibling's prompt
-only; each other sibling's KV slots receive a copy of its K and V, layer by layer (a copy of the cache
-rows, against a forward over every prompt token), and its logits and hidden states are the first's.
+telling them apart, the same prompt ids, the same cached prefix). The target forward runs over the
+first sibling's prompt only; each other sibling's KV slots receive a copy of its K and V past the
+cached prefix, layer by layer (a copy of the cache rows, against a forward over every prompt token),
+and its logits and hidden states are the first's.
 Each sibling then samples its own first token (its own seed) and its drafter starts on its own.
 """
 
@@ -29,7 +30,7 @@ class Siblings:
         first_of: dict[tuple, int] = {}
         computed, source = [], []
         for i, (request, new) in enumerate(zip(requests, fresh)):
-            key = tuple(request.prompt_ids) if new and request.params.n > 1 else None
+            key = (tuple(request.prompt_ids), request.num_computed) if new and request.params.n > 1 else None
             if key is not None and key in first_of:
                 source.append(first_of[key])
                 continue
@@ -44,11 +45,12 @@ class Siblings:
         return len(self.computed) < len(self.source)
 
     def copy_kv(self, requests, pool, req_to_token: torch.Tensor) -> None:
-        """Each sibling's prompt KV from the request whose forward it takes, in every layer of `pool`."""
+        """Each sibling's prompt KV past its cached prefix from the request whose forward it takes, in
+        every layer of `pool`."""
         for i, j in enumerate(self.source):
             if i != j:
-                n = len(requests[i].prompt_ids)
-                dst, src = req_to_token[requests[i].row, :n], req_to_token[requests[j].row, :n]
+                start, n = requests[i].num_computed, len(requests[i].prompt_ids)
+                dst, src = req_to_token[requests[i].row, start:n], req_to_token[requests[j].row, start:n]
                 for layer in range(pool.num_layers):
                     pool.k[layer][dst] = pool.k[layer][src]
                     pool.v[layer][dst] = pool.v[layer][src]

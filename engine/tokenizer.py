@@ -42,6 +42,13 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
+    @property
+    def max_token_chars(self) -> int:
+        """The most characters one token's text holds (a text of n characters is at least n / this tokens)."""
+        if not hasattr(self, "_max_token_chars"):
+            self._max_token_chars = max(1, max(map(len, self._tok.get_vocab(with_added_tokens=True))))
+        return self._max_token_chars
+
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=True).ids
 

@@ -24,7 +24,7 @@ class DecodeWorker:
     def step(self, requests: list[Request]) -> list[list[int]]:
         """Return the new tokens of each request (here exactly one)."""
         # a prompt's n samples run its forward once (`shared_prefill`)
-        siblings = Siblings.of(requests, [r.num_computed == 0 and not r.output_ids for r in requests])
+        siblings = Siblings.of(requests, [not r.output_ids for r in requests])
         computed = [requests[i] for i in siblings.computed]
         batch = ForwardBatch.from_tails(
             [r.row for r in computed], [r.uncomputed_ids for r in computed],
@@ -36,6 +36,7 @@ class DecodeWorker:
             output = siblings.expand(output, batch.extend_lens)
         for request in requests:
             request.num_computed = request.seq_len
+            request.prefilled = True
         sampling = SamplingBatch.of_requests(requests, output.logits.device)
         return [[t] for t in self.sampler.next_tokens(output.logits, requests, sampling)]
 
@@ -44,6 +45,10 @@ class DecodeWorker:
         if self.graph is not None:
             for batch_size in sorted({1, min(2, max_batch_size)}):
                 self.graph.warmup(batch_size, 1)
+
+    def cacheable_len(self, request: Request) -> int:
+        """Leading positions of the request whose KV is final (the prefix cache may keep them)."""
+        return request.num_computed
 
     def stats(self) -> dict:
         return {}

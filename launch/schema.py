@@ -184,6 +184,7 @@ class CacheConfig:
     max_running_requests: int = 64
     max_prefill_tokens: int = 8192  # prompt tokens admitted per step (a longer prompt runs alone)
     max_context_len: Optional[int] = None  # default: the model's max_position_embeddings
+    prefix_caching: bool = True  # reuse the KV (target and draft) of prefixes earlier sequences computed
 
 
 class GraphMode(str, Enum):
@@ -218,6 +219,7 @@ class ServerConfig:
     port: int = 8000
     served_model_name: Optional[str] = None  # null: the model directory's name
     max_queue: int = 256  # requests accepted but not yet running; beyond it: 503
+    max_body_bytes: int = 8388608  # a larger request body is answered 413 before it is read
     api_key: Optional[str] = None  # set: every /v1 request needs `Authorization: Bearer <key>`
     log_level: str = "warning"
     chat_template: ChatTemplateConfig = field(default_factory=ChatTemplateConfig)

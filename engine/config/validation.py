@@ -35,6 +35,8 @@ def validate(config: dict) -> None:
         )
     if cache["max_context_len"] is not None:
         _positive(config, "cache", "max_context_len", minimum=2)
+    if not isinstance(cache["prefix_caching"], bool):
+        raise ConfigError(f"cache.prefix_caching must be true or false, got {cache['prefix_caching']!r}")
 
     SamplingParams(**config["sampling"]).validate("sampling")
     validate_graphs(config["graphs"])
@@ -174,6 +176,8 @@ def _validate_server(server: dict) -> None:
         raise ConfigError(f"server.port must be an integer in 1..65535, got {port!r}")
     if not isinstance(server["max_queue"], int) or server["max_queue"] < 1:
         raise ConfigError(f"server.max_queue must be an integer >= 1, got {server['max_queue']!r}")
+    if not isinstance(server["max_body_bytes"], int) or server["max_body_bytes"] < 1024:
+        raise ConfigError(f"server.max_body_bytes must be an integer >= 1024, got {server['max_body_bytes']!r}")
     if server["log_level"] not in LOG_LEVELS:
         raise ConfigError(f"server.log_level must be one of {list(LOG_LEVELS)}, got {server['log_level']!r}")
     for key in ("served_model_name", "api_key"):

@@ -1,12 +1,15 @@
 """The HTTP app: OpenAI completions, chat completions and models; health and Prometheus metrics.
 
-Every request is parsed and checked here, on the event loop, before it reaches the engine loop: a
-bad one is answered with a 4xx and an OpenAI-style error body. Streams are server-sent events in the
+Every request is parsed and checked here before it reaches the engine loop: a bad one is answered
+with a 4xx and an OpenAI-style error body. Hostile input costs little: a body over `max_body_bytes`
+is refused (413) before it is read, and one that cannot fit the context is refused before it is
+tokenized; parsing and tokenizing run off the event loop, so no request waits on another's. Streams are server-sent events in the
 OpenAI chunk format ending with `data: [DONE]`; a client that goes away (streaming or not) has its
 request aborted and its KV freed.
 """
 
 import asyncio
+import hmac
 import json
 import re
 import time
@@ -35,7 +38,7 @@ DISCONNECT_POLL_S = 0.2
 
 def create_app(loop: EngineLoop, metrics: ServerMetrics, tokenizer: Tokenizer, model_name: str, vocab_size: int,
                context_len: int, defaults: SamplingParams, chat_template: ChatTemplate,
-               api_key: str | None = None) -> FastAPI:
+               api_key: str | None = None, max_body_bytes: int = 8 << 20) -> FastAPI:
     app = FastAPI(title="eyas", docs_url=None, redoc_url=None)
     app.state.loop, app.state.model_name = loop, model_name
     created = int(time.time())
@@ -50,7 +53,8 @@ def create_app(loop: EngineLoop, metrics: ServerMetrics, tokenizer: Tokenizer, m
 
     def authorize(request: Request) -> None:
         # a check in each /v1 handler, not an HTTP middleware: those hide a client's disconnect from the handler
-        if api_key and request.headers.get("authorization", "") != f"Bearer {api_key}":
+        given = request.headers.get("authorization", "").encode()
+        if api_key and not hmac.compare_digest(given, f"Bearer {api_key}".encode()):  # in constant time
             raise RequestValidationError("missing or wrong API key (Authorization: Bearer ...)", None, status=401,
                                          code="invalid_api_key")
 
@@ -75,7 +79,7 @@ def create_app(loop: EngineLoop, metrics: ServerMetrics, tokenizer: Tokenizer, m
         req = await _parse(request, CompletionRequest)
         await _compiled(req)
         prompt = req.single_prompt()
-        ids = tokenizer.encode(prompt) if isinstance(prompt, str) else _checked_ids(prompt)
+        ids = await _encode(prompt, "prompt") if isinstance(prompt, str) else _checked_ids(prompt)
         streams = _submit(req, ids, _sampling(req))
         rid = new_id("cmpl")
 
@@ -101,7 +105,7 @@ def create_app(loop: EngineLoop, metrics: ServerMetrics, tokenizer: Tokenizer, m
     async def chat_completions(request: Request):
         req = await _parse(request, ChatCompletionRequest)
         await _compiled(req)
-        ids = tokenizer.encode(chat_template.render(req.conversation()))
+        ids = await _encode(chat_template.render(req.conversation()), "messages")
         streams = _submit(req, ids, _sampling(req, chat_template.stop))
         rid = new_id("chatcmpl")
 
@@ -130,9 +134,9 @@ def create_app(loop: EngineLoop, metrics: ServerMetrics, tokenizer: Tokenizer, m
 
     async def _parse(request: Request, model: type[BaseModel]):
         authorize(request)
-        raw = await request.body()
+        raw = await _body(request)
         try:
-            req = model.model_validate_json(raw or b"null")
+            req = await asyncio.to_thread(model.model_validate_json, raw or b"null")
         except ValidationError as e:
             first = e.errors()[0]
             param = ".".join(str(p) for p in first["loc"]) or None
@@ -143,6 +147,32 @@ def create_app(loop: EngineLoop, metrics: ServerMetrics, tokenizer: Tokenizer, m
                                          "model", status=404, code="model_not_found")
         req.check_supported()
         return req
+
+    async def _body(request: Request) -> bytes:
+        """The body, refused (413) past `max_body_bytes`: by its declared length before a byte is read."""
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > max_body_bytes:
+            raise _too_large(int(declared))
+        body = bytearray()
+        async for piece in request.stream():
+            body += piece
+            if len(body) > max_body_bytes:
+                raise _too_large(len(body))
+        return bytes(body)
+
+    def _too_large(size: int) -> RequestValidationError:
+        return RequestValidationError(f"request body of {size} bytes exceeds server.max_body_bytes = {max_body_bytes}",
+                                      None, status=413, code="request_too_large")
+
+    # a token's text is at most this long: text past context_len tokens of it cannot fit (x4 for normalizers)
+    longest_prompt_chars = 4 * context_len * tokenizer.max_token_chars
+
+    async def _encode(text: str, param: str) -> list[int]:
+        """Token ids of a text prompt, tokenized off the event loop; text too long to fit is refused unread."""
+        if len(text) > longest_prompt_chars:
+            raise RequestValidationError(f"{param} of {len(text)} characters cannot fit the context of {context_len} "
+                                         "tokens", param)
+        return await asyncio.to_thread(tokenizer.encode, text)
 
     def _checked_ids(ids: list[int]) -> list[int]:
         bad = [t for t in ids if not 0 <= t < vocab_size]
@@ -203,7 +233,8 @@ def create_app(loop: EngineLoop, metrics: ServerMetrics, tokenizer: Tokenizer, m
         return bool(req.stream_options and req.stream_options.include_usage)
 
     def _usage(ids: list[int], outputs: list[RequestOutput]) -> dict:
-        return usage(len(ids), sum(len(o.token_ids) for o in outputs))
+        cached = max((o.stats.get("cached_tokens", 0) for o in outputs), default=0)
+        return usage(len(ids), sum(len(o.token_ids) for o in outputs), cached)
 
     def _text_logprobs(output: RequestOutput) -> list:
         """The logprobs of the tokens the text shows: a stop token's or one past a stop string's are cut."""

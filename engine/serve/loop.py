@@ -72,6 +72,8 @@ class LoopStats:
     step_errors: int = 0
     preemptions: int = 0
     mean_accept_length: float = 0.0
+    kv_pages_cached: int = 0  # pages the prefix cache keeps
+    prefix_cache_hit_rate: float = 0.0  # prompt tokens found cached / prompt tokens admitted
 
 
 class EngineLoop:
@@ -149,7 +151,7 @@ class EngineLoop:
                 except Exception as e:  # a failed step ends its requests, not the server
                     self.stats.step_errors += 1
                     running = list(self.engine.scheduler.running)
-                    self.engine.scheduler.abort(running, f"engine step failed: {type(e).__name__}: {e}")
+                    self.engine.scheduler.abort(running, f"engine step failed: {type(e).__name__}: {e}", cache=False)
                 self.stats.steps += 1
             self._publish()
         for stream in self._streams:  # shutting down: end what is left
@@ -201,6 +203,8 @@ class EngineLoop:
         self.stats.running, self.stats.waiting = len(scheduler.running), len(scheduler.waiting)
         self.stats.kv_pages_used = scheduler.kv.used_pages
         self.stats.preemptions = scheduler.num_preemptions
+        self.stats.kv_pages_cached = scheduler.kv.cached_pages
+        self.stats.prefix_cache_hit_rate = scheduler.cached_tokens_admitted / max(1, scheduler.prompt_tokens_admitted)
         counters = getattr(self.engine.worker, "counters", None)  # plain decoding has none
         if counters is not None and counters.num_verify_cycles:
             self.stats.mean_accept_length = counters.num_emitted / counters.num_verify_cycles

@@ -16,6 +16,8 @@ class ServerMetrics:
         self.refused = Counter("eyas_requests_refused", "Requests refused before reaching the engine, by HTTP status",
                                ["status"], registry=registry)
         self.prompt_tokens = Counter("eyas_prompt_tokens", "Prompt tokens of finished requests", registry=registry)
+        self.cached_tokens = Counter("eyas_prompt_tokens_cached", "Prompt tokens of finished requests whose KV the "
+                                     "prefix cache held", registry=registry)
         self.generation_tokens = Counter("eyas_generation_tokens", "Tokens generated", registry=registry)
         self.ttft = Histogram("eyas_time_to_first_token_seconds", "Time to first token", buckets=LATENCY_BUCKETS,
                               registry=registry)
@@ -27,6 +29,10 @@ class ServerMetrics:
             "eyas_requests_waiting": ("Requests waiting for KV or a batch slot", lambda: stats.waiting),
             "eyas_kv_pages_used": ("KV pages held by requests", lambda: stats.kv_pages_used),
             "eyas_kv_pages_total": ("KV pages in the pool", lambda: stats.kv_pages_total),
+            "eyas_kv_pages_cached": ("KV pages the prefix cache keeps (those no request holds are evictable)",
+                                     lambda: stats.kv_pages_cached),
+            "eyas_prefix_cache_hit_rate": ("Prompt tokens found in the prefix cache / prompt tokens admitted",
+                                           lambda: stats.prefix_cache_hit_rate),
             "eyas_kv_usage_ratio": ("Fraction of KV pages held", lambda: stats.kv_pages_used / stats.kv_pages_total),
             "eyas_engine_steps": ("Engine iterations run", lambda: stats.steps),
             "eyas_engine_step_errors": ("Engine iterations that raised", lambda: stats.step_errors),
@@ -41,6 +47,7 @@ class ServerMetrics:
         self.requests.labels(output.finish_reason).inc()
         if output.finish_reason in ("stop", "length"):
             self.prompt_tokens.inc(len(output.prompt_token_ids))
+            self.cached_tokens.inc(output.stats.get("cached_tokens", 0))
             self.generation_tokens.inc(len(output.token_ids))
             if "time_to_first_token_s" in output.stats:
                 self.ttft.observe(output.stats["time_to_first_token_s"])

@@ -64,8 +64,8 @@ class SpeculativeWorker:
 
     @torch.inference_mode()  # every tensor of a step is an inference tensor (graph runners see one kind)
     def step(self, requests: list[Request]) -> list[list[int]]:
-        new = [r for r in requests if r.num_computed == 0]
-        running = [r for r in requests if r.num_computed > 0]
+        new = [r for r in requests if not r.prefilled]
+        running = [r for r in requests if r.prefilled]
         emitted = {}
         if new:
             emitted.update(zip(map(id, new), self.prefill(new)))
@@ -77,9 +77,10 @@ class SpeculativeWorker:
         # a prompt's n samples run its forward once (`shared_prefill`)
         siblings = Siblings.of(requests, [not r.output_ids for r in requests])
         computed = [requests[i] for i in siblings.computed]
-        # a preempted request comes back with output: it extends prompt + output
-        batch = ForwardBatch.from_tails([r.row for r in computed], [r.all_ids for r in computed], [0] * len(computed),
-                                        self.req_to_token)
+        # from the end of its cached prefix; a preempted request comes back with output: it extends prompt + output
+        starts = [r.num_computed for r in requests]
+        batch = ForwardBatch.from_tails([r.row for r in computed], [r.all_ids[r.num_computed:] for r in computed],
+                                        [r.num_computed for r in computed], self.req_to_token)
         out = self.target_runner.forward(batch)
         if siblings.shared:
             siblings.copy_kv(requests, self.target_runner.kv_pool, self.req_to_token)
@@ -87,7 +88,8 @@ class SpeculativeWorker:
         first = self.sampler.next_tokens(out.logits, requests, SamplingBatch.of_requests(requests, out.logits.device))
         for request in requests:
             request.num_computed = request.seq_len
-        self.drafter.start(requests, out, first)
+            request.prefilled = True
+        self.drafter.start(requests, starts, out, first)
         return [[t] for t in first]
 
     def decode(self, requests: list[Request]) -> list[list[int]]:
@@ -133,6 +135,10 @@ class SpeculativeWorker:
                                               tree=not state.candidate.is_chain)
                 if state.draft_graph is not None and state.candidate.num_steps > 1:  # steps after the first
                     self.drafter.head.warmup_graph(state.draft_graph, batch_size)
+
+    def cacheable_len(self, request: Request) -> int:
+        """Leading positions of the request whose KV is final in the target's pool and the drafter's."""
+        return min(request.num_computed, self.drafter.kv_valid_len(request))
 
     def stats(self) -> dict:
         stats = self.counters.as_dict()

@@ -21,8 +21,13 @@ from engine.speculative.verify import Verified
 class Drafter(Protocol):
     head: DraftHead | None  # the draft model's runner and loops; None for a drafter without a draft model
 
-    def start(self, requests: list[Request], out: ForwardOutput, first: list[int]) -> None:
-        """After the target's prefill of `requests` (out: its forward; first: each one's first token)."""
+    def start(self, requests: list[Request], starts: list[int], out: ForwardOutput, first: list[int]) -> None:
+        """After the target's prefill of `requests` (out: its forward over each one's tokens from position
+        starts[i], the end of its cached prefix; first: each one's first token)."""
+
+    def kv_valid_len(self, request: Request) -> int:
+        """Leading positions of the request whose draft KV is what a fresh start would compute (the prefix
+        cache keeps no more)."""
 
     def prepare(self, requests: list[Request], state) -> None:
         """Before drafting: catch up on work held while the head sat out (timed as its own phase)."""

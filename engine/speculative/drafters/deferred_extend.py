@@ -48,6 +48,11 @@ class DeferredExtend:
             held.sat_out = held.sat_out or sat_out
             offset += len(toks)
 
+    def start_of(self, row: int, default: int) -> int:
+        """The first position of the row's held work (`default` when it holds none)."""
+        held = self._held.get(row)
+        return default if held is None else min(held.start, default)
+
     def sat_out(self, rows: list[int]) -> bool:
         """Whether any of these rows holds work from cycles the head sat out."""
         return any(self._held[row].sat_out for row in rows if row in self._held)

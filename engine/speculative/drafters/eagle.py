@@ -23,12 +23,16 @@ class EagleDrafter:
         self.head = head
         self.deferred = DeferredExtend()
 
-    def start(self, requests: list[Request], out: ForwardOutput, first: list[int]) -> None:
+    def start(self, requests: list[Request], starts: list[int], out: ForwardOutput, first: list[int]) -> None:
         rows = [r.row for r in requests]
         features = self.head.target_features(out.hidden, out.aux_hidden)
-        shifted = [r.all_ids[1:] + [t] for r, t in zip(requests, first)]
+        shifted = [r.all_ids[s + 1:] + [t] for r, s, t in zip(requests, starts, first)]
         self.deferred.drop(rows)
-        self.head.extend(rows, [0] * len(requests), shifted, features)
+        self.head.extend(rows, starts, shifted, features)
+
+    def kv_valid_len(self, request: Request) -> int:
+        """Held draft-extend work leaves the draft KV behind from its first position."""
+        return self.deferred.start_of(request.row, request.num_computed)
 
     def prepare(self, requests: list[Request], state) -> None:
         """Back from cycles the head sat out: catch up now, so the worker times it apart (a cost of

@@ -47,9 +47,12 @@ class HybridDrafter:
     def mode(self, candidate: Candidate) -> str:
         return candidate.drafter or self.configured_mode
 
-    def start(self, requests: list[Request], out: ForwardOutput, first: list[int]) -> None:
-        self.eagle.start(requests, out, first)
-        self.lookup.start(requests, out, first)
+    def start(self, requests: list[Request], starts: list[int], out: ForwardOutput, first: list[int]) -> None:
+        self.eagle.start(requests, starts, out, first)
+        self.lookup.start(requests, starts, out, first)
+
+    def kv_valid_len(self, request: Request) -> int:
+        return self.eagle.kv_valid_len(request)
 
     def prepare(self, requests: list[Request], state) -> None:
         if self.mode(state.candidate) != "ngram":

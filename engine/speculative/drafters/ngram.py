@@ -30,10 +30,13 @@ class NgramDrafter:
         self.lookup_seconds = 0.0  # host time spent in lookups and index updates, over `lookup_steps` steps
         self.lookup_steps = 0
 
-    def start(self, requests: list[Request], out: ForwardOutput, first: list[int]) -> None:
+    def start(self, requests: list[Request], starts: list[int], out: ForwardOutput, first: list[int]) -> None:
         for request, token in zip(requests, first):
             self.indexes[request.row] = NgramIndex(request.all_ids + [token], self.min_match, self.max_match,
                                                    self.max_branches)
+
+    def kv_valid_len(self, request: Request) -> int:
+        return request.num_computed  # no draft KV: the target's alone counts
 
     def prepare(self, requests: list[Request], state) -> None:
         """Nothing is held back: the index sees every verified token as it comes."""

@@ -26,9 +26,12 @@ class StandaloneDrafter:
         self.head = head
         self.computed: dict[int, int] = {}  # request-table row -> positions of its draft KV that are current
 
-    def start(self, requests: list[Request], out: ForwardOutput, first: list[int]) -> None:
-        for request in requests:  # the first catch-up prefills the LM
-            self.computed[request.row] = 0
+    def start(self, requests: list[Request], starts: list[int], out: ForwardOutput, first: list[int]) -> None:
+        for request, start in zip(requests, starts):  # the first catch-up prefills the LM past the cached prefix
+            self.computed[request.row] = start
+
+    def kv_valid_len(self, request: Request) -> int:
+        return min(self.computed.get(request.row, 0), request.num_computed)
 
     def prepare(self, requests: list[Request], state) -> None:
         """Nothing is held: the catch-up forward is part of drafting (it also yields the first proposal)."""
