@@ -26,6 +26,8 @@ class Request:
     row: int | None = None  # row in the request-to-token table while running
     num_computed: int = 0  # tokens whose KV is committed
     prefilled: bool = False  # its worker has run its prefill since it was last admitted
+    prefill_start: int = 0  # where its prefill began at its last admission (the end of its cached prefix)
+    chunk_end: int | None = None  # a chunked prefill: this step computes positions up to here only, samples nothing
     num_cached_tokens: int | None = None  # prompt tokens found in the prefix cache at its first admission
     finish_reason: str | None = None  # "stop" | "length" | "error" | "abort"
     error: str | None = None
@@ -54,11 +56,9 @@ class Request:
         return len(self.prompt_ids) + len(self.output_ids)
 
     @property
-    def uncomputed_ids(self) -> list[int]:
-        num_prompt = len(self.prompt_ids)
-        if self.num_computed >= num_prompt:  # decoding: only output tokens are pending
-            return self.output_ids[self.num_computed - num_prompt:]
-        return self.all_ids[self.num_computed:]
+    def step_ids(self) -> list[int]:
+        """The tokens this step computes: past its committed KV, up to `chunk_end` when it prefills in chunks."""
+        return self.all_ids[self.num_computed:self.chunk_end]
 
     @property
     def finished(self) -> bool:

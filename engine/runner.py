@@ -14,6 +14,16 @@ class ForwardOutput:
     hidden: torch.Tensor  # [N, H] final hidden state of every new token
     aux_hidden: list[torch.Tensor]  # per aux layer: [N, H]
 
+    def of_requests(self, extend_lens: list[int], rows: list[int]) -> "ForwardOutput":
+        """The output of a forward over requests with `extend_lens` new tokens each (one logits row each),
+        for the requests `rows` index, in that order (repeats allowed)."""
+        starts = [0]
+        for n in extend_lens[:-1]:
+            starts.append(starts[-1] + n)
+        tokens = torch.cat([torch.arange(starts[k], starts[k] + extend_lens[k]) for k in rows]).to(self.hidden.device)
+        rows_t = torch.tensor(rows, device=self.logits.device)
+        return ForwardOutput(self.logits[rows_t], self.hidden[tokens], [a[tokens] for a in self.aux_hidden])
+
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv_pool: PagedKVPool, attn_backend, capture_layers: tuple[int, ...] = ()):

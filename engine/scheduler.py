@@ -13,6 +13,10 @@ With a prefix cache, a request is admitted onto the cached KV of the longest pre
 earlier sequences and computes only the rest (`num_computed` starts past the match); its pages join
 the cache as their KV becomes final, and when it ends or is preempted. `cacheable_len(request)` says
 how many leading positions hold final KV in every pool (the worker's drafter may lag the target).
+
+Chunked prefill: a step computes at most `max_prefill_tokens` prompt tokens. A prompt with more left
+than that takes a chunk (`request.chunk_end`) and goes on next step, before anyone new is admitted,
+while the running requests decode in the same steps: one long prompt stalls no stream.
 """
 
 from collections import deque
@@ -79,20 +83,22 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> list[Request]:
-        """Give running requests KV for their next step (preempting the newest when short), admit what
-        fits, and return every running request (new and readmitted ones extend their whole sequence)."""
+        """Give running requests KV for their next step (preempting the newest when short), go on with the
+        prefills under way, admit what fits the prefill budget, and return the requests this step runs
+        (new and readmitted ones extend their sequence past their cached prefix, in chunks when long)."""
         self._grow_running()
-        budget, admitted = self.max_prefill_tokens, 0
-        while self.waiting and len(self.running) < self.max_running_requests:
+        budget = self.max_prefill_tokens
+        for request in self.running:  # prefills under way first, oldest first
+            if not request.prefilled:
+                budget = self._chunk(request, budget)
+        while budget > 0 and self.waiting and len(self.running) < self.max_running_requests:
             request = self.waiting[0]
             matched = self.kv.match(request.all_ids)
-            to_compute = request.seq_len - len(matched) * self.kv.page_size
-            # a prompt longer than the whole budget still runs, alone in its step
-            if (admitted and to_compute > budget) or not self.kv.can_admit(self.step_tokens_for(request), matched):
+            if not self.kv.can_admit(self.step_tokens_for(request), matched):
                 break
             self.waiting.popleft()
             request.row = self.kv.admit(self.step_tokens_for(request), matched)
-            request.num_computed = request.seq_len - to_compute
+            request.num_computed = request.prefill_start = len(matched) * self.kv.page_size
             request.prefilled = False
             if request.num_cached_tokens is None:  # its first admission
                 request.num_cached_tokens = request.num_computed
@@ -100,9 +106,19 @@ class Scheduler:
                 self.cached_tokens_admitted += request.num_computed
             request.status = Status.RUNNING
             self.running.append(request)
-            budget -= to_compute
-            admitted += 1
-        return list(self.running)
+            budget = self._chunk(request, budget)
+        # a prefill the budget left no room for this step sits it out
+        return [r for r in self.running if r.chunk_end is None or r.chunk_end > r.num_computed]
+
+    @staticmethod
+    def _chunk(request: Request, budget: int) -> int:
+        """Give a prefilling request its share of the step's prefill budget; the budget left."""
+        left = request.seq_len - request.num_computed
+        if left <= budget:
+            request.chunk_end = None
+            return budget - left
+        request.chunk_end = request.num_computed + max(budget, 0)
+        return 0
 
     def cache_progress(self) -> None:
         """Offer the prefix cache the pages running requests have made final (a shared system prompt is

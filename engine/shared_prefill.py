@@ -59,10 +59,4 @@ class Siblings:
         """The forward of the computed requests (one logits row each, `extend_lens` tokens each, in order)
         as every request's: rows and token ranges repeated for the siblings."""
         position = {j: k for k, j in enumerate(self.computed)}
-        starts = [0]
-        for n in extend_lens[:-1]:
-            starts.append(starts[-1] + n)
-        rows = [position[j] for j in self.source]
-        tokens = torch.cat([torch.arange(starts[k], starts[k] + extend_lens[k]) for k in rows]).to(out.hidden.device)
-        rows_t = torch.tensor(rows, device=out.logits.device)
-        return ForwardOutput(out.logits[rows_t], out.hidden[tokens], [a[tokens] for a in out.aux_hidden])
+        return out.of_requests(extend_lens, [position[j] for j in self.source])

@@ -1,7 +1,8 @@
 """Plain decoding: one target forward over every running request's uncomputed tokens, one new token each.
 
-A request just admitted extends its whole prompt; the others extend their last token. Both ride in
-the same forward.
+A request just admitted extends its prompt (past its cached prefix; a chunk of it when the scheduler
+chunks a long one, and then it samples nothing this step); the others extend their last token. All
+ride in the same forward.
 """
 
 import torch
@@ -24,21 +25,29 @@ class DecodeWorker:
     def step(self, requests: list[Request]) -> list[list[int]]:
         """Return the new tokens of each request (here exactly one)."""
         # a prompt's n samples run its forward once (`shared_prefill`)
-        siblings = Siblings.of(requests, [not r.output_ids for r in requests])
+        siblings = Siblings.of(requests, [not r.output_ids and r.chunk_end is None for r in requests])
         computed = [requests[i] for i in siblings.computed]
         batch = ForwardBatch.from_tails(
-            [r.row for r in computed], [r.uncomputed_ids for r in computed],
+            [r.row for r in computed], [r.step_ids for r in computed],
             [r.num_computed for r in computed], self.req_to_token,
         )
         output = self.runner.forward(batch, graph=self.graph)
         if siblings.shared:
             siblings.copy_kv(requests, self.runner.kv_pool, self.req_to_token)
             output = siblings.expand(output, batch.extend_lens)
+        done = [i for i, r in enumerate(requests) if r.chunk_end is None]  # the others prefilled a chunk
         for request in requests:
-            request.num_computed = request.seq_len
+            request.num_computed = request.chunk_end or request.seq_len
+        sampled = [requests[i] for i in done]
+        for request in sampled:
             request.prefilled = True
-        sampling = SamplingBatch.of_requests(requests, output.logits.device)
-        return [[t] for t in self.sampler.next_tokens(output.logits, requests, sampling)]
+        logits = output.logits if len(done) == len(requests) else output.logits[done]
+        tokens = self.sampler.next_tokens(logits, sampled, SamplingBatch.of_requests(sampled, logits.device)) \
+            if sampled else []
+        emitted = [[] for _ in requests]
+        for i, token in zip(done, tokens):
+            emitted[i] = [token]
+        return emitted
 
     def warmup_graphs(self, max_batch_size: int) -> None:
         """Compile every graph plain decoding can run with batches up to `max_batch_size`."""

@@ -182,7 +182,7 @@ class CacheConfig:
     page_size: int = 16
     max_total_tokens: int = 32768  # KV pool size in tokens (rounded down to whole pages)
     max_running_requests: int = 64
-    max_prefill_tokens: int = 8192  # prompt tokens admitted per step (a longer prompt runs alone)
+    max_prefill_tokens: int = 1024  # prompt tokens one step computes (a longer prompt is prefilled in chunks)
     max_context_len: Optional[int] = None  # default: the model's max_position_embeddings
     prefix_caching: bool = True  # reuse the KV (target and draft) of prefixes earlier sequences computed
 

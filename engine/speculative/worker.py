@@ -75,22 +75,36 @@ class SpeculativeWorker:
 
     def prefill(self, requests: list[Request]) -> list[list[int]]:
         # a prompt's n samples run its forward once (`shared_prefill`)
-        siblings = Siblings.of(requests, [not r.output_ids for r in requests])
+        siblings = Siblings.of(requests, [not r.output_ids and r.chunk_end is None for r in requests])
         computed = [requests[i] for i in siblings.computed]
-        # from the end of its cached prefix; a preempted request comes back with output: it extends prompt + output
+        # from the end of its cached prefix (to the end of its chunk when chunked); a preempted request comes
+        # back with output: it extends prompt + output
         starts = [r.num_computed for r in requests]
-        batch = ForwardBatch.from_tails([r.row for r in computed], [r.all_ids[r.num_computed:] for r in computed],
+        lens = [len(r.step_ids) for r in requests]
+        batch = ForwardBatch.from_tails([r.row for r in computed], [r.step_ids for r in computed],
                                         [r.num_computed for r in computed], self.req_to_token)
         out = self.target_runner.forward(batch)
         if siblings.shared:
             siblings.copy_kv(requests, self.target_runner.kv_pool, self.req_to_token)
             out = siblings.expand(out, batch.extend_lens)
-        first = self.sampler.next_tokens(out.logits, requests, SamplingBatch.of_requests(requests, out.logits.device))
         for request in requests:
-            request.num_computed = request.seq_len
-            request.prefilled = True
-        self.drafter.start(requests, starts, out, first)
-        return [[t] for t in first]
+            request.num_computed = request.chunk_end or request.seq_len
+        done = [i for i, r in enumerate(requests) if r.chunk_end is None]
+        chunked = [i for i, r in enumerate(requests) if r.chunk_end is not None]
+        if chunked:  # a chunk of a long prompt: the drafter sees it, nothing is sampled yet
+            self.drafter.prefill_chunk([requests[i] for i in chunked], [starts[i] for i in chunked],
+                                       out.of_requests(lens, chunked))
+        emitted = [[] for _ in requests]
+        if done:
+            finished = [requests[i] for i in done]
+            out = out if not chunked else out.of_requests(lens, done)
+            first = self.sampler.next_tokens(out.logits, finished, SamplingBatch.of_requests(finished, out.logits.device))
+            for request in finished:
+                request.prefilled = True
+            self.drafter.start(finished, [starts[i] for i in done], out, first)
+            for i, token in zip(done, first):
+                emitted[i] = [token]
+        return emitted
 
     def decode(self, requests: list[Request]) -> list[list[int]]:
         """One iteration, with its bookkeeping around it."""

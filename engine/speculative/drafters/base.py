@@ -25,6 +25,10 @@ class Drafter(Protocol):
         """After the target's prefill of `requests` (out: its forward over each one's tokens from position
         starts[i], the end of its cached prefix; first: each one's first token)."""
 
+    def prefill_chunk(self, requests: list[Request], starts: list[int], out: ForwardOutput) -> None:
+        """After the target's forward over a chunk of each request's prompt, positions starts[i] up to its
+        `num_computed` (more of the prompt follows; nothing was sampled)."""
+
     def kv_valid_len(self, request: Request) -> int:
         """Leading positions of the request whose draft KV is what a fresh start would compute (the prefix
         cache keeps no more)."""

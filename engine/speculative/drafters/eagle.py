@@ -30,6 +30,13 @@ class EagleDrafter:
         self.deferred.drop(rows)
         self.head.extend(rows, starts, shifted, features)
 
+    def prefill_chunk(self, requests: list[Request], starts: list[int], out: ForwardOutput) -> None:
+        """Draft-extend over the chunk: each position with the prompt token after it."""
+        rows = [r.row for r in requests]
+        features = self.head.target_features(out.hidden, out.aux_hidden)
+        self.deferred.drop(rows)
+        self.head.extend(rows, starts, [r.all_ids[s + 1:r.num_computed + 1] for r, s in zip(requests, starts)], features)
+
     def kv_valid_len(self, request: Request) -> int:
         """Held draft-extend work leaves the draft KV behind from its first position."""
         return self.deferred.start_of(request.row, request.num_computed)

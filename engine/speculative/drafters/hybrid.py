@@ -51,6 +51,9 @@ class HybridDrafter:
         self.eagle.start(requests, starts, out, first)
         self.lookup.start(requests, starts, out, first)
 
+    def prefill_chunk(self, requests: list[Request], starts: list[int], out: ForwardOutput) -> None:
+        self.eagle.prefill_chunk(requests, starts, out)  # the n-gram index starts on the whole prompt
+
     def kv_valid_len(self, request: Request) -> int:
         return self.eagle.kv_valid_len(request)
 

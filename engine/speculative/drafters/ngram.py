@@ -35,6 +35,9 @@ class NgramDrafter:
             self.indexes[request.row] = NgramIndex(request.all_ids + [token], self.min_match, self.max_match,
                                                    self.max_branches)
 
+    def prefill_chunk(self, requests: list[Request], starts: list[int], out: ForwardOutput) -> None:
+        """The index starts on the whole prompt (`start`)."""
+
     def kv_valid_len(self, request: Request) -> int:
         return request.num_computed  # no draft KV: the target's alone counts
 

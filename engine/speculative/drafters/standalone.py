@@ -27,8 +27,12 @@ class StandaloneDrafter:
         self.computed: dict[int, int] = {}  # request-table row -> positions of its draft KV that are current
 
     def start(self, requests: list[Request], starts: list[int], out: ForwardOutput, first: list[int]) -> None:
-        for request, start in zip(requests, starts):  # the first catch-up prefills the LM past the cached prefix
-            self.computed[request.row] = start
+        for request in requests:  # the first catch-up prefills the LM past the cached prefix (every chunk at once)
+            self.computed[request.row] = request.prefill_start
+
+    def prefill_chunk(self, requests: list[Request], starts: list[int], out: ForwardOutput) -> None:
+        for request in requests:  # the LM reads tokens only: it catches up on the whole prompt when it first drafts
+            self.computed[request.row] = request.prefill_start
 
     def kv_valid_len(self, request: Request) -> int:
         return min(self.computed.get(request.row, 0), request.num_computed)
