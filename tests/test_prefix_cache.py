@@ -241,3 +241,37 @@ def test_prefix_caching_must_be_a_boolean(checkpoint):
     from engine.errors import ConfigError
     with pytest.raises(ConfigError, match=r"cache\.prefix_caching[\s\S]*not a valid bool"):
         build_engine(engine_overrides(checkpoint("gqa"), "none", "cache.prefix_caching=maybe"))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_random_admissions_and_aborts_change_no_greedy_output(spec_pair, seed):
+    """Requests sharing prefixes arrive in waves into a pool too small for them, some are aborted midway:
+    every one that finishes emits what it emits without the cache, and no page is held afterwards."""
+    target, heads = spec_pair
+    rng = random.Random(seed)
+    systems = [[0] + [rng.randrange(2, 320) for _ in range(rng.randrange(8, 40))] for _ in range(3)]
+    prompts = [rng.choice(systems)[:rng.randrange(4, 40)] + [rng.randrange(2, 320) for _ in range(rng.randrange(1, 8))]
+               for _ in range(40)]
+    params = [SamplingParams(max_new_tokens=rng.randrange(2, 20), ignore_eos=True) for _ in prompts]
+    plan = [(rng.randrange(1, 6), rng.random() < 0.3) for _ in range(20)]  # per wave: steps run, abort one?
+    base = engine_overrides(target, "eagle3", "cache.page_size=4", "cache.max_total_tokens=320",
+                            "cache.max_running_requests=8", "cache.max_prefill_tokens=24", head=heads["eagle3"])
+    results = {}
+    for caching in ("true", "false"):
+        with build_engine([*base, f"cache.prefix_caching={caching}"]) as eng:
+            requests = []
+            for wave, (steps, abort) in enumerate(plan):
+                requests += eng.submit(prompt_token_ids=prompts[2 * wave:2 * wave + 2], sampling=params[2 * wave:2 * wave + 2])
+                for _ in range(steps):
+                    if eng.has_work():
+                        eng.step()
+                if abort:
+                    eng.abort([requests[(wave * 7) % len(requests)]])
+            while eng.has_work():
+                eng.step()
+            assert eng.scheduler.kv.all_free()
+            results[caching] = [eng.output(r) for r in requests]
+    kept = [i for i in range(len(prompts)) if all(results[c][i].finish_reason != "abort" for c in results)]
+    assert len(kept) > 25
+    assert [results["true"][i].token_ids for i in kept] == [results["false"][i].token_ids for i in kept]
+    assert sum(o.stats["cached_tokens"] for o in results["true"]) > 100
