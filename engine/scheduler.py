@@ -125,8 +125,9 @@ class Scheduler:
         reused while its first request still runs)."""
         if self.kv.prefix_cache is not None:
             for request in self.running:
-                if not request.finished:
-                    self.kv.cache(request.row, request.all_ids, self.cacheable_len(request))
+                valid = self.cacheable_len(request)
+                if not request.finished and self.kv.caches_more(request.row, request.seq_len, valid):
+                    self.kv.cache(request.row, request.all_ids, valid)
 
     def _grow_running(self) -> None:
         i = 0

@@ -50,7 +50,9 @@ class Tokenizer:
         return self._max_token_chars
 
     def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=True).ids
+        # encode_batch, not encode: it lets go of the GIL while it works, so a long text tokenized in a
+        # thread stalls no other thread (measured: a 16 s encode stalled another thread 15.9 s; this, 0.3 s)
+        return self._tok.encode_batch([text], add_special_tokens=True)[0].ids
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)

@@ -95,6 +95,12 @@ class KVCacheManager:
         self._assign(row, pages, self.allocator.allocate(missing))
         return True
 
+    def caches_more(self, row: int, num_tokens: int, valid_len: int) -> bool:
+        """Whether `cache` would find a page of the row to cache (a check that needs no token list)."""
+        pages = self._rows[row]
+        return (self.prefix_cache is not None and not pages.frozen
+                and self.prefix_cache.full_pages(num_tokens, valid_len) > len(pages.nodes))
+
     def cache(self, row: int, tokens: list[int], valid_len: int) -> None:
         """Cache the row's full pages whose KV is final: positions below `valid_len` of `tokens`, the
         sequence of the row. The row goes on holding them (by reference)."""
