@@ -146,6 +146,23 @@ def engine_overrides(target, algorithm: str = "none", *extra: str, head: Path | 
     return [*overrides, *extra]
 
 
+# one case per drafter (plain decoding first) with a shape of its own, for the checks every drafter must pass
+DRAFTER_CASES = [
+    ("none", {}),
+    ("eagle", dict(num_steps=3)),
+    ("eagle3", dict(num_steps=3, topk=2, nodes=6)),
+    ("ngram", dict(num_steps=3)),
+    ("hybrid", dict(num_steps=3)),
+    ("standalone", dict(num_steps=2)),
+]
+
+
+def draft_head(algorithm: str, target, heads: dict):
+    """The draft model a `spec_pair` run of `algorithm` drafts with: its head, the target itself as the
+    standalone LM, none for plain decoding and n-gram lookup."""
+    return {"none": None, "ngram": None, "standalone": target}.get(algorithm, heads.get(algorithm, heads["eagle3"]))
+
+
 def run_plain(target, prompts, params, *extra: str) -> list:
     """Plain decoding of `prompts` (texts, or lists of token ids) on `target`, every KV page free after."""
     with build_engine(engine_overrides(target, "none", *extra)) as eng:

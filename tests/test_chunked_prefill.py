@@ -5,23 +5,13 @@ import random
 
 import pytest
 
-from conftest import engine_overrides
+from conftest import DRAFTER_CASES, draft_head, engine_overrides
 from engine import SamplingParams, build_engine
 
-CASES = [
-    ("none", {}),
-    ("eagle", dict(num_steps=3)),
-    ("eagle3", dict(num_steps=2, topk=2, nodes=5)),
-    ("hybrid", dict(num_steps=3)),
-    ("standalone", dict(num_steps=2)),
-    ("ngram", dict(num_steps=3)),
-]
-
-
-@pytest.mark.parametrize("algorithm, shape", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("algorithm, shape", DRAFTER_CASES, ids=[c[0] for c in DRAFTER_CASES])
 def test_chunks_change_no_output_and_no_acceptance(spec_pair, algorithm, shape):
     target, heads = spec_pair
-    head = {"none": None, "ngram": None, "standalone": target}.get(algorithm, heads.get(algorithm, heads["eagle3"]))
+    head = draft_head(algorithm, target, heads)
     rng = random.Random(5)
     prompts = [[0] + [rng.randrange(2, 320) for _ in range(n)] for n in (60, 3, 45, 17, 90)]
     params = [SamplingParams(max_new_tokens=10, ignore_eos=True, temperature=t, seed=i)

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from conftest import engine_overrides
+from conftest import DRAFTER_CASES, draft_head, engine_overrides
 from engine import SamplingParams, build_engine
 from engine.cache.allocator import PageAllocator
 from engine.cache.manager import KVCacheManager
@@ -168,23 +168,13 @@ def _shared_prefix_prompts(seed: int, count: int = 6) -> list[list[int]]:
     return prompts
 
 
-SPEC_CASES = [
-    ("none", {}),
-    ("eagle", dict(num_steps=3)),
-    ("eagle3", dict(num_steps=3, topk=2, nodes=6)),
-    ("ngram", dict(num_steps=3)),
-    ("hybrid", dict(num_steps=3)),
-    ("standalone", dict(num_steps=2)),
-]
-
-
 @pytest.mark.parametrize("page_size", [1, 16])
-@pytest.mark.parametrize("algorithm, shape", SPEC_CASES, ids=[c[0] for c in SPEC_CASES])
+@pytest.mark.parametrize("algorithm, shape", DRAFTER_CASES, ids=[c[0] for c in DRAFTER_CASES])
 def test_reused_prefixes_change_no_output_and_no_acceptance(spec_pair, algorithm, shape, page_size):
     """Greedy outputs and every request's acceptance equal an engine without the cache: the draft KV
     reused with the target's is what the head would have computed."""
     target, heads = spec_pair
-    head = {"none": None, "ngram": None, "standalone": target}.get(algorithm, heads.get(algorithm, heads["eagle3"]))
+    head = draft_head(algorithm, target, heads)
     prompts = _shared_prefix_prompts(page_size)
     base = engine_overrides(target, algorithm, f"cache.page_size={page_size}", head=head, **shape)
     cached, metrics = _sequential(base, prompts, GREEDY)

@@ -7,7 +7,6 @@ import asyncio
 import json
 import random
 import socket
-import time
 
 import pytest
 from openai import OpenAI
@@ -72,11 +71,9 @@ def test_bodies_over_the_limit_are_refused_before_they_are_read_and_block_nobody
     reply = _raw(server, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                          b"Transfer-Encoding: chunked\r\n\r\n", chunks)
     assert reply.startswith(b"HTTP/1.1 413")
-    # under the limit, but a text that cannot fit the context: refused without tokenizing it
-    start = time.monotonic()
+    # under the limit, but a text that cannot fit the context: refused by its length, without tokenizing it
     status, body = server.post("/v1/completions", json.dumps({"model": MODEL, "prompt": "ab " * 2_000_000}).encode())
-    assert status == 400 and body["error"]["param"] == "prompt" and "cannot fit the context" in body["error"]["message"]
-    assert time.monotonic() - start < 30
+    assert status == 400 and body["error"]["param"] == "prompt" and "characters cannot fit" in body["error"]["message"]
     server.wait_idle()
     assert server.get("/health")[0] == 200
 
