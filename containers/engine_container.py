@@ -106,7 +106,7 @@ class EngineContainer(containers.DeclarativeContainer):
     worker = providers.Selector(
         config.speculative.algorithm, none=decode_worker, eagle=speculative_worker, eagle3=speculative_worker,
         ngram=speculative_worker, standalone=speculative_worker,
-        hybrid=speculative_worker,
+        hybrid=speculative_worker, suffix=speculative_worker,
     )
     scheduler = Singleton(
         Scheduler, kv=cache.manager, max_running_requests=config.cache.max_running_requests,

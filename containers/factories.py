@@ -131,6 +131,23 @@ def drafter_name(algorithm: str, adaptive: dict) -> str:
     return "hybrid" if others else algorithm
 
 
+# newest occurrences of a key the suffix index examines per lookup
+SUFFIX_OCCURRENCES = 64
+
+
+def key_lengths(spec: dict) -> range:
+    """The n-gram lengths the suffix index keys on: speculative.ngram_min_match..ngram_max_match."""
+    return range(spec["ngram_min_match"], spec["ngram_max_match"] + 1)
+
+
+def drafts_by_suffix(spec: dict, adaptive: dict) -> str:
+    """Whether the hybrid drafter holds a suffix drafter: its rule looks up by suffix decoding, or an
+    adaptive candidate drafts by it."""
+    candidates = adaptive_candidates(adaptive) if adaptive["policy"] != "off" else []
+    suffix = spec["hybrid_lookup"] == "suffix" or any(c.drafter == "suffix" for c in candidates)
+    return "yes" if suffix else "no"
+
+
 def hybrid_mode(algorithm: str) -> str:
     """How the hybrid drafter drafts the configured drafter's candidates: as itself, or as the head alone."""
     return "hybrid" if algorithm == "hybrid" else "head"
@@ -138,7 +155,7 @@ def hybrid_mode(algorithm: str) -> str:
 
 def draft_backends_of(algorithm: str, candidate: Candidate) -> str:
     """Whether a runtime state gets draft-head backends: not for n-gram lookup (no draft model)."""
-    return "none" if (candidate.drafter or algorithm) == "ngram" else "head"
+    return "none" if (candidate.drafter or algorithm) in ("ngram", "suffix") else "head"
 
 
 def capture_layers_of(draft, target) -> tuple[int, ...]:

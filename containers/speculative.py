@@ -16,6 +16,8 @@ from engine.speculative.drafters.head import DraftHead
 from engine.speculative.drafters.hybrid import HybridDrafter
 from engine.speculative.drafters.ngram import NgramDrafter
 from engine.speculative.drafters.standalone import StandaloneDrafter
+from engine.speculative.drafters.suffix import SuffixDrafter
+from engine.speculative.drafters.suffix_index import SuffixIndex
 from engine.speculative.state import SpecRuntimeState
 from engine.speculative.verify_buffers import VerifyBuffers
 
@@ -81,17 +83,31 @@ class SpeculativeContainer(containers.DeclarativeContainer):
     standalone_drafter = Singleton(StandaloneDrafter, head=head)
     ngram_drafter = Singleton(
         NgramDrafter, min_match=config.speculative.ngram_min_match, max_match=config.speculative.ngram_max_match,
-        max_branches=providers.Callable(factories.max_topk, config.speculative, config.adaptive), device=device,
+        max_branches=providers.Callable(factories.max_topk, config.speculative, config.adaptive),
+    )
+    suffix_index = Singleton(
+        SuffixIndex, key_lengths=providers.Callable(factories.key_lengths, config.speculative),
+        max_match=config.speculative.suffix_max_match, max_tokens=config.speculative.suffix_max_tokens,
+        max_occurrences=factories.SUFFIX_OCCURRENCES,
+    )
+    suffix_drafter = Singleton(
+        SuffixDrafter, index=suffix_index, max_spec_factor=config.speculative.suffix_max_spec_factor,
+        min_token_prob=config.speculative.suffix_min_token_prob,
     )
     hybrid_drafter = Singleton(
-        HybridDrafter, eagle=eagle_drafter, lookup=ngram_drafter, ngram_trust=config.speculative.ngram_trust,
+        HybridDrafter, eagle=eagle_drafter, ngram=ngram_drafter, ngram_trust=config.speculative.ngram_trust,
         configured_mode=providers.Callable(factories.hybrid_mode, config.speculative.algorithm),
+        suffix=providers.Selector(
+            providers.Callable(factories.drafts_by_suffix, config.speculative, config.adaptive), yes=suffix_drafter,
+            no=providers.Object(None),
+        ),
+        hybrid_lookup=config.speculative.hybrid_lookup,
     )
     # the drafter the worker drafts with (`factories.drafter_name`); n-gram loads no draft model
     drafter = providers.Selector(
         providers.Callable(factories.drafter_name, config.speculative.algorithm, config.adaptive),
         eagle=eagle_drafter, eagle3=eagle_drafter, ngram=ngram_drafter, standalone=standalone_drafter,
-        hybrid=hybrid_drafter,
+        hybrid=hybrid_drafter, suffix=suffix_drafter,
     )
     backend_factory = providers.Selector(
         providers.Callable(factories.draft_backends_of, config.speculative.algorithm, candidate),

@@ -47,8 +47,14 @@ class SpeculativeAlgorithm(str, Enum):
     eagle = "eagle"
     eagle3 = "eagle3"
     ngram = "ngram"
+    suffix = "suffix"
     standalone = "standalone"
     hybrid = "hybrid"
+
+
+class HybridLookup(str, Enum):
+    ngram = "ngram"
+    suffix = "suffix"
 
 
 class DraftKind(str, Enum):
@@ -121,8 +127,14 @@ class SpeculativeConfig:
     # ngram: the request's suffix matched against its own earlier tokens, longest first, min..max tokens
     ngram_min_match: int = 1
     ngram_max_match: int = 4
-    # hybrid: a cycle drafts with n-gram alone when every request matched a suffix this long
+    # hybrid: a cycle drafts with the lookup alone when every request matched a suffix this long
     ngram_trust: int = 2
+    hybrid_lookup: HybridLookup = HybridLookup.ngram  # the hybrid rule's lookup: ngram | suffix
+    # suffix: matches measured up to this many tokens; a match of m tokens drafts at most factor x m
+    suffix_max_match: int = 32
+    suffix_max_spec_factor: float = 1.0
+    suffix_min_token_prob: float = 0.1  # a draft token needs this share of the match's occurrences behind it
+    suffix_max_tokens: int = 262144  # tokens kept over every request's stream, the oldest finished ones dropped first
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """Greedy decoding throughput of eyas against CTranslate2 and transformers, with the shipped target.
 
-Every system decodes the same held-out code prompts (token ids from the target's tokenizer),
+Every system decodes the same held-out prompts (`--workload`: stdlib code by default, or package
+source, docstrings, prose, or requests that repeat earlier ones; scripts/workloads.py; token ids from the target's tokenizer),
 greedy, float32, exactly `--max-new-tokens` new tokens per prompt (eos ignored), on the CPU, in one
 process. For each batch size each system gets one untimed warmup batch, then `--rounds` waves; a
 wave is `--num-prompts` prompts rounded up to whole batches (at batch 1: that many prompts, one at a
@@ -10,14 +11,20 @@ waves, prefill included. Each system's greedy ids are compared with eyas plain's
 
     python scripts/bench_peers.py                                   # all systems, batch 1, 8, 32, 96 new tokens
     python scripts/bench_peers.py --systems ct2,hf,eyas --batch-sizes 1,8 --max-new-tokens 16 --num-prompts 2 --rounds 1
+    python scripts/bench_peers.py --workload repeated --systems eyas,eyas_adaptive,fixed --batch-sizes 1 --num-prompts 8
 
 Systems (`--systems`, short names): ct2 (CTranslate2, converted here from the same checkpoint),
 hf (transformers `generate`), hf_lookup (prompt lookup, 10 tokens), hf_assisted (the shipped draft
 LM as assistant model), eyas (plain decoding), eyas_spec (EAGLE-3, a fixed k = 3: `adaptive=off`),
-eyas_adaptive (the default config: EAGLE-3, `adaptive=throughput`), eyas_ngram (`speculative=ngram`: prompt lookup; its lookup
+eyas_adaptive (the default config: EAGLE-3 chains beside suffix, n-gram and hybrid candidates under
+`adaptive=throughput`), eyas_ngram (`speculative=ngram`: prompt lookup; its lookup
 cost per step is printed), eyas_standalone (`speculative=standalone`: the shipped draft LM),
 eyas_hybrid (`speculative=hybrid`: the EAGLE-3 head and n-gram lookup) and eyas_tree (an EAGLE-3
-tree: topk 4, 5 steps, 16 nodes); eyas_graphs and eyas_adaptive_graphs are eyas and eyas_adaptive with
+tree: topk 4, 5 steps, 16 nodes), eyas_suffix (`speculative=suffix`), eyas_hybrid_suffix (the hybrid
+over suffix decoding's lookup) and eyas_k1 .. eyas_k6 (EAGLE-3 at a fixed k); `--systems fixed` names
+every fixed drafter configuration (n-gram, hybrids, tree, suffix, k = 1..6), and each `--eyas
+NAME=OVERRIDES` adds one of your own. The default's choices (its share of cycles per candidate) and
+its ratio to the fastest fixed configuration are printed per batch size; eyas_graphs and eyas_adaptive_graphs are eyas and eyas_adaptive with
 `graphs.mode=compile` (compiled when the engine is built, before any timing). The ratios of eyas_ngram and eyas_standalone to transformers'
 prompt lookup and assisted generation are printed too. transformers' prompt lookup and assisted
 generation run at batch 1 only. Needs the optional packages: pip install '.[bench]'.
@@ -39,7 +46,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_decode import agreement, eyas_generate, load_hf  # noqa: E402
-from heldout import heldout_prompts  # noqa: E402
+from workloads import WORKLOADS, workload_prompts  # noqa: E402
 
 from engine import build_engine  # noqa: E402
 from engine.assets import asset_path  # noqa: E402
@@ -50,7 +57,9 @@ SYSTEMS = {"ct2": "ct2 plain", "hf": "transformers plain", "hf_lookup": "transfo
            "hf_assisted": "transformers assisted", "eyas": "eyas plain", "eyas_spec": "eyas EAGLE-3 k=3",
            "eyas_adaptive": "eyas adaptive (default)", "eyas_ngram": "eyas n-gram", "eyas_standalone": "eyas standalone",
            "eyas_hybrid": "eyas hybrid", "eyas_tree": "eyas EAGLE-3 tree 5x4/16",
-           "eyas_graphs": "eyas plain, compiled", "eyas_adaptive_graphs": "eyas adaptive (default), compiled"}
+           "eyas_suffix": "eyas suffix", "eyas_hybrid_suffix": "eyas hybrid, suffix lookup",
+           "eyas_graphs": "eyas plain, compiled", "eyas_adaptive_graphs": "eyas adaptive (default), compiled",
+           **{f"eyas_k{k}": f"eyas EAGLE-3 k={k}" for k in range(1, 7)}}
 BATCH1_ONLY = {"hf_lookup", "hf_assisted"}
 # every speculative row but the default's runs its configured step count (adaptive=off)
 EYAS_OVERRIDES = {"eyas": ["speculative=none", "draft=none"], "eyas_spec": ["adaptive=off"],
@@ -59,15 +68,24 @@ EYAS_OVERRIDES = {"eyas": ["speculative=none", "draft=none"], "eyas_spec": ["ada
                   "eyas_hybrid": ["speculative=hybrid", "adaptive=off"],
                   "eyas_tree": ["adaptive=off", "speculative.topk=4", "speculative.num_steps=5",
                                 "speculative.num_draft_tokens=16"],
+                  "eyas_suffix": ["speculative=suffix", "adaptive=off"],
+                  "eyas_hybrid_suffix": ["speculative=hybrid", "speculative.hybrid_lookup=suffix", "adaptive=off"],
                   "eyas_graphs": ["speculative=none", "draft=none", "graphs.mode=compile"],
-                  "eyas_adaptive_graphs": ["graphs.mode=compile"]}
+                  "eyas_adaptive_graphs": ["graphs.mode=compile"],
+                  **{f"eyas_k{k}": ["adaptive=off", f"speculative.num_steps={k}"] for k in range(1, 7)}}
+# the fixed configurations the default is held against (`--systems fixed` names them all)
+FIXED = ["eyas_ngram", "eyas_hybrid", "eyas_tree", "eyas_suffix", "eyas_hybrid_suffix", *(f"eyas_k{k}" for k in range(1, 7))]
 # eyas drafters and the transformers peer that drafts the same way: their ratio is printed per batch
 PEERS = {"eyas_ngram": "hf_lookup", "eyas_standalone": "hf_assisted"}
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated subset of {','.join(SYSTEMS)}")
+    p.add_argument("--systems", default=",".join(s for s in SYSTEMS if s not in FIXED[5:]),
+                   help=f"comma-separated subset of {','.join(SYSTEMS)}; 'fixed' adds {','.join(FIXED)}")
+    p.add_argument("--eyas", action="append", default=[], metavar="NAME=OVERRIDES",
+                   help="another eyas system: a name and its config overrides, space-separated (repeatable)")
+    p.add_argument("--workload", default="stdlib", choices=WORKLOADS, help="the prompts (scripts/workloads.py)")
     p.add_argument("--batch-sizes", default="1,8,32")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--num-prompts", type=int, default=4, help="prompts per wave, rounded up to whole batches")
@@ -76,7 +94,14 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--ct2-threads", type=int, default=0, help="ct2 intra_threads (0: the fastest, timed at start)")
     p.add_argument("--out", type=Path, default=Path("bench_peers_out"), help="where bench_peers.{json,png} go")
     args = p.parse_args()
-    args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    named = [s.strip() for s in args.systems.split(",") if s.strip()]
+    args.systems = list(dict.fromkeys(x for s in named for x in (FIXED if s == "fixed" else [s])))
+    for spec in args.eyas:
+        name, _, overrides = spec.partition("=")
+        if not name or not overrides:
+            p.error(f"--eyas takes NAME=OVERRIDES, got {spec!r}")
+        SYSTEMS[name], EYAS_OVERRIDES[name] = f"eyas {name}", overrides.split()
+        args.systems.append(name)
     unknown = set(args.systems) - set(SYSTEMS)
     if unknown:
         p.error(f"unknown systems {sorted(unknown)}; allowed: {','.join(SYSTEMS)}")
@@ -192,6 +217,19 @@ def lookup_cost(runner) -> tuple[float, int] | None:
     return (ngram.lookup_seconds, ngram.lookup_steps) if hasattr(ngram, "lookup_seconds") else None
 
 
+def adaptive_cycles(runner) -> dict:
+    """Cycles per candidate an eyas runner's adaptive policy has chosen so far (empty without one)."""
+    engine = getattr(runner, "engine", None)
+    return dict(engine.metrics().get("adaptive_cycles_at_steps", {})) if engine is not None else {}
+
+
+def choice_summary(before: dict, after: dict) -> str:
+    """The candidates chosen between two readings, most cycles first, with their share of cycles."""
+    cycles = {c: n - before.get(c, 0) for c, n in after.items() if n > before.get(c, 0)}
+    total = sum(cycles.values()) or 1
+    return ", ".join(f"{c} {n / total:.0%}" for c, n in sorted(cycles.items(), key=lambda x: -x[1]))
+
+
 def bench_batch(runners: dict, waves: list, n: int) -> dict:
     # returns name -> (tok/s, generated rows over the timed waves)
     for fn in runners.values():
@@ -280,8 +318,8 @@ def main() -> None:
     n = args.max_new_tokens
     tok = Tokenizer.from_dir(asset_path("target"))
     per_wave = max(b * math.ceil(args.num_prompts / b) for b in args.batch_sizes)
-    pool = [tok.encode(t) for t in heldout_prompts(per_wave * (args.rounds + 1))]
-    print(f"threads: torch {torch.get_num_threads()}; float32, greedy, "
+    pool = [tok.encode(t) for t in workload_prompts(args.workload, per_wave * (args.rounds + 1))]
+    print(f"workload {args.workload}; threads: torch {torch.get_num_threads()}; float32, greedy, "
           f"{n} new tokens per prompt (eos ignored); {args.rounds} timed waves of {args.num_prompts}+ prompts "
           f"per batch size after one warmup batch")
     load = os.getloadavg() if hasattr(os, "getloadavg") else None  # other work skews the systems, not always alike
@@ -296,8 +334,13 @@ def main() -> None:
             for b in args.batch_sizes:
                 active = {s: fn for s, fn in runners.items() if b == 1 or s not in BATCH1_ONLY}
                 lookups = {name: lookup_cost(runner) for name, runner in active.items()}
+                chosen = {name: adaptive_cycles(runner) for name, runner in active.items()}
                 results[b] = bench_batch(active, make_waves(pool, b, args.num_prompts, args.rounds), n)
                 print(f"  batch {b}: done")
+                for name, before in chosen.items():
+                    summary = choice_summary(before, adaptive_cycles(active[name]))
+                    if summary:
+                        print(f"  batch {b}: {SYSTEMS[name]} chose {summary} of its cycles")
                 for name, before in lookups.items():
                     if before is not None:
                         seconds, steps = (after - was for after, was in zip(lookup_cost(active[name]), before))
@@ -310,6 +353,12 @@ def main() -> None:
     rows = summarize(args, results)
     print("\nRatios were measured in this run, on this machine; they do not transfer to other hardware.")
     print_tables(rows, base)
+    for b, res in results.items():
+        fixed = {s: res[s][0] for s in FIXED if s in res}
+        if "eyas_adaptive" in res and fixed:
+            best = max(fixed, key=fixed.get)
+            print(f"batch {b}: the default / the fastest fixed configuration ({SYSTEMS[best]}) = "
+                  f"{res['eyas_adaptive'][0] / fixed[best]:.2f}x tok/s")
     pairs = peer_ratios(results)
     for r in pairs:
         print(f"batch {r['batch']}: {r['system']} / {r['peer']} = {r['ratio']:.2f}x tok/s")

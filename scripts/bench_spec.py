@@ -1,4 +1,4 @@
-"""Speculative vs plain decoding on held-out standard-library prompts, with the shipped pair.
+"""Speculative vs plain decoding on held-out prompts (`--workload`, scripts/workloads.py), with the shipped pair.
 
     python scripts/bench_spec.py                          # EAGLE-3, k = 1..6, T=0, batch 1, 20 prompts x 128 tokens
     python scripts/bench_spec.py --kind eagle --ks 2,4 --trees 5:4:16 --temperature 1.0
@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from heldout import heldout_prompts  # noqa: E402
+from workloads import WORKLOADS, workload_prompts  # noqa: E402
 
 from engine import SamplingParams, build_engine  # noqa: E402
 from engine.models.fused_linear import FusedLinear  # noqa: E402
@@ -238,6 +238,7 @@ def main() -> None:
     p.add_argument("--trees", default="5:2:8,5:4:16,5:8:16,6:4:24",
                    help="EAGLE-2 tree shapes num_steps:topk:num_draft_tokens, comma-separated ('' for none)")
     p.add_argument("--num-prompts", type=int, default=20)
+    p.add_argument("--workload", default="stdlib", choices=WORKLOADS, help="the prompts (scripts/workloads.py)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -249,7 +250,7 @@ def main() -> None:
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    prompts = heldout_prompts(args.num_prompts)
+    prompts = workload_prompts(args.workload, args.num_prompts)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                             seed=0, ignore_eos=True)
     plain_tps, t_decode, floor_decode, plain_choice = plain(args, prompts, params)
@@ -258,7 +259,7 @@ def main() -> None:
     for shape in filter(None, args.trees.split(",")):
         steps, topk, nodes = (int(v) for v in shape.split(":"))
         rows.append(speculative(args, prompts, params, steps, topk, nodes))
-    print(f"{args.kind}, {len(prompts)} held-out prompts x {args.max_new_tokens} new tokens, T={args.temperature}, "
+    print(f"{args.kind}, {len(prompts)} {args.workload} prompts x {args.max_new_tokens} new tokens, T={args.temperature}, "
           f"top_p={args.top_p}, "
           f"batch {args.batch_size}; plain decoding {plain_tps:.1f} tok/s, target decode step {t_decode * 1e3:.2f} ms")
     print("tau: tokens per verify cycle (bonus included); acceptance per position: accepted at i / cycles")

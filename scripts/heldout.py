@@ -36,10 +36,15 @@ def heldout_prompts(n: int, prompt_chars: int = 200) -> list[str]:
         if path.is_file():
             text = path.read_text(encoding="utf-8", errors="replace")
             per_file.append([_cut(text, s, prompt_chars) for s in _starts(text)])
+    return round_robin(per_file, n, "held-out")
+
+
+def round_robin(per_file: list[list[str]], n: int, what: str) -> list[str]:
+    """n prompts taken a file at a time: every file's first, then every file's second, ..."""
     prompts, depth = [], 0
     while len(prompts) < n and any(len(f) > depth for f in per_file):
         prompts.extend(f[depth] for f in per_file if len(f) > depth)
         depth += 1
     if len(prompts) < n:
-        raise RuntimeError(f"only {len(prompts)} held-out prompts available, {n} asked")
+        raise RuntimeError(f"only {len(prompts)} {what} prompts available, {n} asked")
     return prompts[:n]

@@ -152,6 +152,7 @@ DRAFTER_CASES = [
     ("eagle", dict(num_steps=3)),
     ("eagle3", dict(num_steps=3, topk=2, nodes=6)),
     ("ngram", dict(num_steps=3)),
+    ("suffix", dict(num_steps=6)),
     ("hybrid", dict(num_steps=3)),
     ("standalone", dict(num_steps=2)),
 ]
@@ -159,8 +160,8 @@ DRAFTER_CASES = [
 
 def draft_head(algorithm: str, target, heads: dict):
     """The draft model a `spec_pair` run of `algorithm` drafts with: its head, the target itself as the
-    standalone LM, none for plain decoding and n-gram lookup."""
-    return {"none": None, "ngram": None, "standalone": target}.get(algorithm, heads.get(algorithm, heads["eagle3"]))
+    standalone LM, none for plain decoding, n-gram lookup and suffix decoding."""
+    return {"none": None, "ngram": None, "suffix": None, "standalone": target}.get(algorithm, heads.get(algorithm, heads["eagle3"]))
 
 
 def run_plain(target, prompts, params, *extra: str) -> list:

@@ -13,7 +13,7 @@ from launch.compose import compose_config
 from engine import SamplingParams, build_engine
 from engine.request import Request
 from engine.speculative.candidate import Candidate
-from engine.speculative.phase_clock import CATCH_UP_PHASE
+from engine.speculative.phase_clock import CATCH_UP_PHASE, HOST_PHASE
 
 # unequal lengths: the batch shrinks 5 -> 1 as requests finish, crossing tiers
 PARAMS = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (60, 24, 44, 12, 52)]
@@ -115,7 +115,7 @@ def test_throughput_policy_with_other_candidates_is_lossless_greedy_and_sampled(
     overrides = engine_overrides(target, "eagle3", *start, "adaptive=throughput", tiers, "adaptive.update_interval=2",
                                  "adaptive.probe_interval=2", head=heads["eagle3"])
     params = [SamplingParams(max_new_tokens=n, temperature=t, seed=i, ignore_eos=True)
-              for i, (n, t) in enumerate(zip((60, 24, 44, 12, 52), (0.0, 1.0, 0.0, 0.8, 1.0)))]
+              for i, (n, t) in enumerate(zip((100, 24, 72, 12, 88), (0.0, 1.0, 0.0, 0.8, 1.0)))]
     plain = plain_reference(target, PROMPTS, params)
     with build_engine(overrides) as eng:
         outs = eng.generate(PROMPTS, params)
@@ -227,7 +227,10 @@ def test_throughput_policy_gets_every_phase_time(spec_pair):
     start = time.perf_counter()
     engine.generate(PROMPTS, PARAMS)
     wall = time.perf_counter() - start
-    assert seen and all(set(t) == {CATCH_UP_PHASE, "draft", "verify", "extend"} for t in seen)
+    phases = {CATCH_UP_PHASE, "draft", "verify", "extend"}
+    assert seen and all(set(t) - {HOST_PHASE} == phases for t in seen)
+    # the host's time between cycles, from the second cycle of a run of decode steps on
+    assert sum(HOST_PHASE in t for t in seen) >= len(seen) // 2
     assert all(0 <= v for t in seen for v in t.values())
     assert sum(sum(t.values()) for t in seen) <= wall
     assert all(t["verify"] > 0 for t in seen)

@@ -7,7 +7,8 @@ import pytest
 from engine.speculative.adaptive.acceptance import AcceptanceModel
 from engine.speculative.adaptive.controller import AdaptiveController
 from engine.speculative.adaptive.ema import EmaPolicy
-from engine.speculative.adaptive.throughput import STALE_UPDATES, SWITCH_MARGIN, ThroughputPolicy
+from engine.speculative.adaptive.throughput import (MIN_OWN_CYCLES, STALE_OTHER_UPDATES, SWITCH_MARGIN,
+                                                   ThroughputPolicy)
 from engine.speculative.adaptive.tiers import Tier, build_tiers, tier_index
 from engine.speculative.candidate import Candidate
 from engine.speculative.phase_clock import CATCH_UP_PHASE
@@ -448,17 +449,18 @@ def test_throughput_explores_tree_shapes_after_the_chains_and_probes_them_in_tur
     p = ThroughputPolicy((C(2), C(3), TREE, other), C(3), AcceptanceModel(0.8), ema_alpha=0.5, update_interval=2,
                          probe_interval=1)
     seen = []
-    for _ in range(32):
+    for _ in range(40):
         c = p.choice
         seen.append(c)
         if not c.is_chain:  # rate 3 / 1.8 = 1.67: within the margin of the best chain
             p.observe(c, [2] * len(GEOMETRIC[3]), {"verify": 1.8})
         else:  # rates 2.44 / 1.5 = 1.63 (k = 2) and 2.95 / 1.75 = 1.69 (k = 3, the best)
             p.observe(c, GEOMETRIC[c.num_steps], {"verify": 1.0 + 0.25 * c.num_steps})
-    assert seen[:8] == [C(3), C(3), C(2), C(2), TREE, TREE, other, other]
+    # a tree is explored until its estimate stands (MIN_OWN_CYCLES cycles), a chain for one interval
+    assert seen[:4 + 2 * MIN_OWN_CYCLES] == [C(3), C(3), C(2), C(2)] + [TREE] * MIN_OWN_CYCLES + [other] * MIN_OWN_CYCLES
     assert p.best == C(3)
     # every update probes one interval, in turn: the chain below the best (none above), then each tree
-    assert seen[8::2] == [C(2), TREE, other] * 4
+    assert seen[4 + 2 * MIN_OWN_CYCLES::2] == [C(2), TREE, other] * 4
 
 
 def test_controller_reports_tree_shapes_by_label():
@@ -495,18 +497,21 @@ def test_a_few_early_misses_deep_in_the_chain_do_not_lock_the_policy_at_one_step
 
 
 def test_a_candidate_ruled_out_early_is_probed_again_once_stale():
-    """Two bad cycles of a bursty drafter put its estimate far below the best; it is skipped by the
-    probes until it has not run for STALE_UPDATES updates, then measured again."""
+    """Bad cycles of a bursty drafter put its estimate far below the best once it stands (after
+    MIN_OWN_CYCLES cycles: until then it is probed in turn); then it is skipped by the probes until it
+    has not run for STALE_OTHER_UPDATES updates, and measured again."""
     p = ThroughputPolicy((C(3), NGRAM), C(3), AcceptanceModel(0.9), ema_alpha=0.3, update_interval=1,
                          probe_interval=1)
     runs = []
-    for _ in range(3 * STALE_UPDATES):
+    for _ in range(MIN_OWN_CYCLES * 2 + 4 * STALE_OTHER_UPDATES):
         c = p.choice
         runs.append(c)
         p.observe(c, [0] if c == NGRAM else [3], {"verify": 1.0})  # n-gram found nothing to draft
     at = [i for i, c in enumerate(runs) if c == NGRAM]
-    assert at[0] <= 2 and len(at) >= 3  # explored, then probed again and again
-    assert all(b - a >= STALE_UPDATES for a, b in zip(at[1:], at[2:]))  # but only once stale
+    assert at[0] <= 2 and len(at) >= MIN_OWN_CYCLES + 3  # explored, then probed again and again
+    measured = at[MIN_OWN_CYCLES - 1:]  # its estimate stands from here
+    assert all(b - a >= STALE_OTHER_UPDATES for a, b in zip(measured, measured[1:]))  # probed only once stale
+    assert all(b - a <= 2 * STALE_OTHER_UPDATES for a, b in zip(measured, measured[1:]))  # but probed
 
 
 def test_another_drafters_averages_weigh_its_first_cycles_alike_and_move_slowly_after():

@@ -33,6 +33,36 @@ def test_bench_peers_eyas_rows(tmp_path):
     assert (tmp_path / "bench_peers.png").stat().st_size > 5000
 
 
+def test_bench_peers_on_a_repeated_workload_reports_the_default_against_fixed_drafters(tmp_path):
+    out = run_script("bench_peers.py", "--workload", "repeated", "--systems", "eyas,eyas_adaptive,eyas_suffix,eyas_k2",
+                     "--eyas", "chains=adaptive.tiers=[{batch_size:1,candidates:[1,2,3]}]", "--batch-sizes", "1",
+                     "--max-new-tokens", "6", "--num-prompts", "3", "--rounds", "1", "--out", str(tmp_path))
+    assert "workload repeated;" in out and "| 1 | eyas suffix |" in out and "| 1 | eyas chains |" in out
+    assert "batch 1: eyas adaptive (default) chose " in out  # the candidates it ran, by share of cycles
+    assert "batch 1: the default / the fastest fixed configuration (" in out
+    rows = json.loads((tmp_path / "bench_peers.json").read_text())["rows"]
+    assert all(r["equal"].startswith(("reference", "3/3 rows identical")) for r in rows), rows
+
+
+def test_workloads_are_distinct_prompts_and_repeated_ones_follow_their_originals():
+    sys.path.insert(0, str(SCRIPTS))
+    from workloads import REPEATS, WORKLOADS, workload_prompts
+
+    for name in WORKLOADS:
+        prompts = workload_prompts(name, 9)
+        assert len(prompts) == 9 and all(p.strip() for p in prompts), name
+        if name != "repeated":
+            assert len(set(prompts)) == 9, name
+    repeated, originals = workload_prompts("repeated", 9), workload_prompts("package", 3)
+    assert repeated[::REPEATS + 1] == originals  # each original, then its edited copies
+    for i, original in zip(range(0, 9, REPEATS + 1), originals):
+        for edited in repeated[i + 1:i + REPEATS + 1]:
+            assert edited != original and (original in edited or edited.replace("_v2", "", 1) == original)
+    assert all(p.rstrip().endswith(('"""', "'''")) for p in workload_prompts("docstring", 5))
+    with pytest.raises(ValueError, match="unknown workload 'poems'; allowed: stdlib, package"):
+        workload_prompts("poems", 1)
+
+
 def test_bench_quant_times_every_format_and_reports_quality(tmp_path):
     # CTranslate2 is a [bench] extra, not installed with the tests: its row is left out here
     out = run_script("bench_quant.py", "--systems", "float32,bfloat16,int8,int4,int8_ngram", "--layers", "2",

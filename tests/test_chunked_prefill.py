@@ -27,7 +27,9 @@ def test_chunks_change_no_output_and_no_acceptance(spec_pair, algorithm, shape):
             assert eng.scheduler.kv.all_free()
         runs.append(([o.token_ids for o in outs], [o.stats.get("num_verify_cycles") for o in outs],
                      [o.stats.get("mean_accept_length") for o in outs], steps))
-    assert runs[0][:3] == runs[1][:3]
+    assert runs[0][0] == runs[1][0]
+    if algorithm != "suffix":  # suffix decoding drafts from other requests' streams, which chunks open later
+        assert runs[0][1:3] == runs[1][1:3]
     assert runs[1][3] > runs[0][3]  # the chunks took steps of their own
 
 

@@ -139,7 +139,7 @@ ADAPTIVE_INVALID = [
       "adaptive.tiers=[{batch_size:1,candidates:[{num_steps:2,topk:2,num_draft_tokens:4},{num_steps:2,topk:2,num_draft_tokens:4}]}]"],
      "lists a candidate twice"),
     (["adaptive=throughput", "adaptive.tiers=[{batch_size:1,candidates:[3,{drafter:medusa,num_steps:4}]}]"],
-     "adaptive.tiers[0].candidates[1].drafter must be one of ['ngram', 'hybrid']"),
+     "adaptive.tiers[0].candidates[1].drafter must be one of ['ngram', 'suffix', 'hybrid']"),
     (["adaptive=throughput", "adaptive.tiers=[{batch_size:1,candidates:[3,{drafter:ngram,num_steps:0}]}]"],
      "adaptive.tiers[0].candidates[1].num_steps must be an integer >= 1"),
     (["adaptive=throughput", "adaptive.tiers=[{batch_size:1,candidates:[3,{drafter:ngram,num_steps:3,topk:2}]}]"],
@@ -153,11 +153,14 @@ ADAPTIVE_INVALID = [
     (["adaptive=ema", "adaptive.tiers=[{batch_size:1,candidates:[3,{drafter:ngram,num_steps:4}]}]"],
      "tree shapes and other drafters need adaptive.policy=throughput"),
     (["adaptive=throughput", "speculative=hybrid", "draft=eagle3",
-      "adaptive.tiers=[{batch_size:1,candidates:[3,{drafter:hybrid,num_steps:4}]}]"],
-     "adaptive.tiers[0].candidates[1].drafter must be one of ['ngram']"),
+      "adaptive.tiers=[{batch_size:1,candidates:[{drafter:hybrid,num_steps:4}]}]"],
+     "adaptive.tiers[0].candidates[0].drafter must be one of ['ngram', 'suffix']"),
     (["adaptive=throughput", "speculative=ngram", "draft=none",
-      "adaptive.tiers=[{batch_size:1,candidates:[3,{drafter:hybrid,num_steps:4}]}]"],
+      "adaptive.tiers=[{batch_size:1,candidates:[{drafter:hybrid,num_steps:4}]}]"],
      "other drafters need the draft head they share state with"),
+    (["adaptive=throughput", "speculative.suffix_max_tokens=10",
+      "adaptive.tiers=[{batch_size:1,candidates:[3,{drafter:suffix,num_steps:8}]}]"],
+     "speculative.suffix_max_tokens must be an integer in 1024..67108864"),
     (["adaptive=throughput", "speculative.ngram_max_match=0",
       "adaptive.tiers=[{batch_size:1,candidates:[3,{drafter:ngram,num_steps:4}]}]"],
      "speculative.ngram_max_match"),
@@ -173,6 +176,22 @@ def test_invalid_adaptive_values_fail_naming_the_field(gqa_checkpoint, overrides
     with pytest.raises(ConfigError) as info:
         prepare(compose_config(overrides))
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize("algorithm,draft", [("ngram", "none"), ("standalone", "standalone"), ("hybrid", "eagle3")])
+def test_other_drafters_a_configured_drafter_cannot_host_are_left_out_and_said(algorithm, draft):
+    """The shipped tiers list suffix, n-gram and hybrid candidates for the EAGLE heads: with another drafter
+    they are left out (its own chains stay), said when adaptive.policy was set, silently under `auto`."""
+    listed = "adaptive.tiers=[{batch_size:1,candidates:[2,3,{drafter:hybrid,num_steps:4},{drafter:suffix,num_steps:8}]}]"
+    kept = [2, 3] if algorithm != "hybrid" else [2, 3, {"drafter": "suffix", "num_steps": 8}]
+    for policy, said in (("throughput", True), ("auto", False)):
+        config, notices = prepare(compose_config([f"speculative={algorithm}", f"draft={draft}", f"adaptive={policy}",
+                                                  "speculative.num_steps=3", listed]))
+        assert config["adaptive"]["policy"] == "throughput" and config["adaptive"]["tiers"][0]["candidates"] == kept
+        assert bool(notices) == said and (not said or "left out with speculative.algorithm" in notices[0])
+    config, notices = prepare(compose_config([f"speculative={algorithm}", f"draft={draft}"]))  # the shipped tiers
+    assert notices == [] and all(not isinstance(c, dict) or c["drafter"] != algorithm
+                                 for tier in config["adaptive"]["tiers"] for c in tier["candidates"])
 
 
 def test_initial_steps_not_a_candidate_start_at_the_middle_and_say_so():

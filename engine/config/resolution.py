@@ -10,6 +10,8 @@ import copy
 from engine.speculative.adaptive.tiers import middle_candidate
 from engine.speculative.candidate import Candidate, parse_candidate
 
+HOSTS = ("eagle", "eagle3", "hybrid")  # the algorithms whose drafter can draft as another one too
+
 
 def resolve(config: dict) -> tuple[dict, list[str]]:
     """A resolved copy of `config` (which is left as it is) and the notices to show."""
@@ -17,10 +19,39 @@ def resolve(config: dict) -> tuple[dict, list[str]]:
     spec, adaptive = config["speculative"], config["adaptive"]
     if spec["num_draft_tokens"] is None and _is_int(spec["num_steps"]) and _is_int(spec["topk"]):
         spec["num_draft_tokens"] = default_draft_tokens(spec["algorithm"], spec["num_steps"], spec["topk"])
-    if adaptive["policy"] == "auto":  # adaptive chains; plain decoding and a configured tree as they are
+    auto = adaptive["policy"] == "auto"
+    if auto:  # adaptive chains; plain decoding, a configured tree and suffix decoding as they are
         tree = _is_int(spec["topk"]) and spec["topk"] > 1
-        adaptive["policy"] = "off" if spec["algorithm"] == "none" or tree else "throughput"
-    return config, _start_in_first_tier(spec, adaptive)
+        fixed = spec["algorithm"] in ("none", "suffix") or tree  # suffix decoding: each draft's depth follows its match
+        adaptive["policy"] = "off" if fixed else "throughput"
+    notices = _drop_unhosted_drafters(spec, adaptive, say=not auto)
+    return config, notices + _start_in_first_tier(spec, adaptive)
+
+
+def _drop_unhosted_drafters(spec: dict, adaptive: dict, say: bool) -> list[str]:
+    """Other drafters' candidates share an EAGLE head's state: with any other configured drafter they are
+    left out of the tiers, and so is the configured drafter's own (`speculative=hybrid` lists its chains by
+    step count). Said when the policy was set explicitly; `auto` takes the tiers as they fit."""
+    algorithm = spec["algorithm"]
+    if adaptive["policy"] == "off" or not isinstance(adaptive.get("tiers"), list):
+        return []
+
+    def unfit(c) -> bool:
+        return hasattr(c, "keys") and "drafter" in c and (algorithm not in HOSTS or c["drafter"] == algorithm)
+
+    dropped = []
+    for tier in adaptive["tiers"]:
+        if not isinstance(tier, dict) or not isinstance(tier.get("candidates"), list):
+            continue
+        kept = [c for c in tier["candidates"] if not unfit(c)]
+        if kept and len(kept) < len(tier["candidates"]):
+            dropped += [c for c in tier["candidates"] if c not in kept]
+            tier["candidates"] = kept
+    if not dropped or not say:
+        return []
+    return [f"adaptive: other drafters need the EAGLE head they share state with (speculative {', '.join(HOSTS)}), "
+            f"and the configured drafter lists its own by step count; left out with speculative.algorithm="
+            f"{algorithm!r}: {[dict(c) for c in dropped]}"]
 
 
 def default_draft_tokens(algorithm: str, num_steps: int, topk: int) -> int:

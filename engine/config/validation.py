@@ -10,8 +10,11 @@ from engine.speculative.tree import max_tree_nodes
 
 
 # the draft model each speculative algorithm loads (none: no draft model)
-DRAFT_KIND = {"none": ("none",), "eagle": ("eagle",), "eagle3": ("eagle3",), "ngram": ("none",),
+DRAFT_KIND = {"none": ("none",), "eagle": ("eagle",), "eagle3": ("eagle3",), "ngram": ("none",), "suffix": ("none",),
               "standalone": ("lm",), "hybrid": ("eagle3", "eagle")}
+
+# speculative.suffix_max_tokens: bounds of the suffix index's memory (bytes per token measured on CPython 3.11)
+MIN_SUFFIX_TOKENS, MAX_SUFFIX_TOKENS, SUFFIX_BYTES_PER_TOKEN = 1024, 1 << 26, 250
 
 # metrics a run can return to a sweeper -> whether only speculative runs have it
 OBJECTIVES = {"tokens_per_s": False, "generated_tokens": False, "generate_time_s": False, "forward_steps": False,
@@ -60,8 +63,10 @@ def validate(config: dict) -> None:
             f"speculative.num_steps must be 0 when speculative.algorithm is 'none', got {spec['num_steps']}; "
             "choose a speculative algorithm to draft tokens"
         )
-    if spec["algorithm"] in ("ngram", "hybrid"):
+    if spec["algorithm"] in ("ngram", "hybrid", "suffix"):
         _validate_ngram(spec)
+    if spec["algorithm"] == "suffix" or (spec["algorithm"] == "hybrid" and spec["hybrid_lookup"] == "suffix"):
+        _validate_suffix(spec)
     if spec["topk"] > 1:
         _validate_tree(config)
     elif spec["num_draft_tokens"] != spec["num_steps"] + 1:
@@ -97,6 +102,23 @@ def _validate_ngram(spec: dict) -> None:
     if not isinstance(trust, int) or trust < 1:
         raise ConfigError(f"speculative.ngram_trust must be an integer >= 1 (a match length; above "
                           f"ngram_max_match={high}: the head always runs), got {trust!r}")
+
+
+def _validate_suffix(spec: dict) -> None:
+    longest, factor = spec["suffix_max_match"], spec["suffix_max_spec_factor"]
+    prob, room = spec["suffix_min_token_prob"], spec["suffix_max_tokens"]
+    if not isinstance(longest, int) or isinstance(longest, bool) or longest < spec["ngram_max_match"]:
+        raise ConfigError(f"speculative.suffix_max_match must be an integer >= speculative.ngram_max_match "
+                          f"({spec['ngram_max_match']}), got {longest!r}")
+    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or factor <= 0:
+        raise ConfigError(f"speculative.suffix_max_spec_factor must be a number > 0 (drafts per matched token), "
+                          f"got {factor!r}")
+    if not isinstance(prob, (int, float)) or isinstance(prob, bool) or not 0.0 <= prob <= 1.0:
+        raise ConfigError(f"speculative.suffix_min_token_prob must be in [0, 1], got {prob!r}")
+    if not isinstance(room, int) or isinstance(room, bool) or not MIN_SUFFIX_TOKENS <= room <= MAX_SUFFIX_TOKENS:
+        raise ConfigError(f"speculative.suffix_max_tokens must be an integer in {MIN_SUFFIX_TOKENS}..{MAX_SUFFIX_TOKENS} "
+                          f"(tokens kept over every request's stream, about {SUFFIX_BYTES_PER_TOKEN} bytes each), "
+                          f"got {room!r}")
 
 
 def _validate_tree(config: dict) -> None:
@@ -216,8 +238,11 @@ def _validate_adaptive(config: dict) -> None:
                               f"({previous}): tiers are sorted by batch size, got {size!r}")
         previous = size
         _validate_candidates(spec["algorithm"], policy, i, candidates)
-    if any(parse_candidate(c).drafter is not None for tier in tiers for c in tier["candidates"]):
-        _validate_ngram(spec)  # n-gram lookup drafts for those candidates
+    drafters = {parse_candidate(c).drafter for tier in tiers for c in tier["candidates"]} - {None}
+    if drafters:
+        _validate_ngram(spec)  # n-gram or suffix lookup drafts for those candidates
+    if "suffix" in drafters or ("hybrid" in drafters and spec["hybrid_lookup"] == "suffix"):
+        _validate_suffix(spec)
 
 
 def _validate_candidates(algorithm: str, policy: str, i: int, candidates: list) -> None:

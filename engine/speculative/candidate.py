@@ -3,14 +3,14 @@
 A drafter at a shape: `num_steps` draft steps, `topk` children per expanded node, `num_draft_tokens`
 nodes verified (the root, the pending bonus token, counted). A chain is the shape with topk 1 and
 num_steps + 1 nodes; 0 steps is plain decoding through the verify path. `drafter` None means the
-configured drafter; another one (`OTHER_DRAFTERS`) is the n-gram lookup or the hybrid rule, drafted by a
+configured drafter; another one (`OTHER_DRAFTERS`) is n-gram lookup, suffix decoding or the hybrid rule, drafted by a
 drafter that holds both (see `engine/speculative/drafters/hybrid.py`).
 """
 
 from dataclasses import dataclass
 
 # drafters a candidate may switch to; each keeps its state current on every request while another drafts
-OTHER_DRAFTERS = ("ngram", "hybrid")
+OTHER_DRAFTERS = ("ngram", "suffix", "hybrid")
 
 
 @dataclass(frozen=True)

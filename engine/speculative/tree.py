@@ -35,6 +35,14 @@ class DraftTree:
         return cls(torch.cat([bonus[:, None].to(drafts.device), drafts], dim=1), is_chain=True,
                    draft_probs=draft_probs)
 
+    @classmethod
+    def ragged_chain(cls, bonus: torch.Tensor, chains: list[list[int]]) -> "DraftTree":
+        """Chains of unequal lengths (a lookup drafter's proposals, some empty), as wide as the longest,
+        UNFILLED after each one's last draft."""
+        width = max(map(len, chains))
+        drafts = [c + [UNFILLED] * (width - len(c)) for c in chains]  # [B, w]
+        return cls.chain(bonus, torch.tensor(drafts, dtype=torch.int64).view(len(chains), width).to(bonus.device))
+
     @property
     def num_nodes(self) -> int:
         return self.tokens.shape[1]

@@ -15,6 +15,8 @@ Everything that depends on the candidate comes from the live `SpecRuntimeState` 
 bound by `bindings.bind_runtime_state`; switching candidates is a rebinding between iterations.
 """
 
+import time
+
 import torch
 
 from engine.forward_batch import ForwardBatch
@@ -44,6 +46,7 @@ class SpeculativeWorker:
         self.candidate_states: dict = {}  # Candidate -> its SpecRuntimeState
         self.controller = None
         self.state: SpecRuntimeState | None = None  # bound by bind_runtime_state
+        self._decode_end: float | None = None  # when the last iteration ended (None: a prefill ran since)
         bind_runtime_state(self, initial_state)
 
     def apply_runtime_state(self, state: SpecRuntimeState) -> bool:
@@ -69,6 +72,7 @@ class SpeculativeWorker:
         emitted = {}
         if new:
             emitted.update(zip(map(id, new), self.prefill(new)))
+            self._decode_end = None  # the time since the last iteration holds this prefill
         if running:
             emitted.update(zip(map(id, running), self.decode(running)))
         return [emitted[id(r)] for r in requests]
@@ -119,8 +123,10 @@ class SpeculativeWorker:
             self.counters.record(reach, len(tokens))
             request.spec_counters.record(reach, len(tokens))
         if self.controller is not None:
+            clock.add_gap(self._decode_end)
             self.controller.observe(len(requests), self.state.candidate, [len(e) - 1 for e in verified.emitted],
                                     clock.times, sampled)
+        self._decode_end = time.perf_counter()
         return verified.emitted
 
     def iterate(self, requests: list[Request], clock: PhaseClock) -> Verified:

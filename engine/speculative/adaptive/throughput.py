@@ -8,10 +8,11 @@ by a `SettlingAverage` of weight `OWN_ALPHA`. The seconds per cycle at the curre
 from the tier's cost model (`cycle_cost.py`: one line in k fitted from every measured chain k; each
 other candidate on its own; the draft-extend that catches the head up on cycles it sat out, at 0
 steps or while another drafter drafted, is a cost of switching back and stays out of it). Estimated
-rate = expected tokens / seconds.
+rate = expected tokens / seconds. A cycle's seconds are its phases' and the host's time since the
+previous cycle (`HOST_PHASE`): a cost every cycle pays alike, which short chains pay most often per token.
 
 It first runs `update_interval` cycles at each candidate (the initial one, then chains outwards from
-its step count, then tree shapes and other drafters), skipping one that the measurements so far
+its step count, then tree shapes and other drafters, each of those until its estimate stands), skipping one that the measurements so far
 already estimate more than `PROBE_MARGIN` below the best (so a costly deep k need not be tried),
 then every `update_interval` cycles takes the best estimate (when it beats the current best's by more
 than `SWITCH_MARGIN`: estimates within that of each other are noise on this machine). Every
@@ -19,7 +20,8 @@ than `SWITCH_MARGIN`: estimates within that of each other are noise on this mach
 is not a chain: the best chain), then each other candidate. A probe estimated more than
 `PROBE_MARGIN` below the best is skipped for the next in turn, unless it has not run for
 `STALE_UPDATES` updates (an estimate from a few cycles of bursty acceptance, n-gram lookup's above
-all, must not rule a candidate out for good). Probes refresh the acceptance of a deeper position, a
+all, must not rule a candidate out for good; a tree's or another drafter's sooner, and its estimate
+stands only after `MIN_OWN_CYCLES` cycles). Probes refresh the acceptance of a deeper position, a
 neighbour's cost, or another candidate's acceptance on the current text. The state lives as long as
 the engine: later `generate` calls start from what earlier ones measured.
 """
@@ -38,6 +40,12 @@ SWITCH_MARGIN = 0.03  # a candidate becomes the best when estimated at > (1 + ma
 # finds a long match or none): their acceptance and cost are averaged over more cycles
 OWN_ALPHA = 0.05
 STALE_UPDATES = 100  # ... or one that has not run for this many updates, whatever its estimate
+# ... sooner for another drafter or a tree, whose acceptance only its own cycles measure: a suffix index
+# fills as requests come, so a drafter that found nothing in its first cycles can be the best a few requests later
+STALE_OTHER_UPDATES = 25
+# another drafter's or a tree's estimate stands once measured over this many cycles (before that: unmeasured,
+# probed in turn): a first impression of two cycles, taken before any text repeated, must not rule it out
+MIN_OWN_CYCLES = 6
 
 
 class ThroughputPolicy:
@@ -57,7 +65,9 @@ class ThroughputPolicy:
         middle = initial.num_steps
         self._explore = [initial] + sorted((c for c in self.chains if c != initial),
                                            key=lambda c: (abs(c.num_steps - middle), c.num_steps))
-        self._explore += [c for c in self.others if c != initial]
+        # another drafter or a tree runs until its estimate stands (MIN_OWN_CYCLES), not a bare interval
+        runs = -(-MIN_OWN_CYCLES // update_interval)
+        self._explore += [c for c in self.others if c != initial for _ in range(runs)]
         self.index = candidates.index(initial)
         self.best = initial
         self.costs = CycleCostModel(ema_alpha, self.own_alpha)
@@ -100,7 +110,8 @@ class ThroughputPolicy:
                 k = c.num_steps
                 accepted = expected[k] if k == 0 or expected is not None else None
             else:
-                accepted = self.own_accepted.get(c)
+                measured = self.own_accepted.counts.get(c, 0) >= MIN_OWN_CYCLES
+                accepted = self.own_accepted.get(c) if measured else None
             out[c] = (1.0 + accepted) / t if accepted is not None and t is not None and t > 0 else None
         return out
 
@@ -152,7 +163,8 @@ class ThroughputPolicy:
         self._probe_turn += 1
         floor = (1 - PROBE_MARGIN) * (rates[self.best] or 0.0)
         for c in order[start:] + order[:start]:
-            stale = self.updates - self._last_run.get(c, -STALE_UPDATES) >= STALE_UPDATES
+            after = STALE_UPDATES if c.is_configured_chain else STALE_OTHER_UPDATES
+            stale = self.updates - self._last_run.get(c, -after) >= after
             if rates[c] is None or rates[c] >= floor or stale:
                 return c
         return None

@@ -1,19 +1,22 @@
-"""HybridDrafter: an EAGLE / EAGLE-3 head and n-gram lookup in one drafter (`speculative=hybrid`).
+"""HybridDrafter: an EAGLE / EAGLE-3 head and lookup drafters in one drafter (`speculative=hybrid`).
 
-It holds an `EagleDrafter` and an `NgramDrafter` and drafts in one of three modes, the candidate's
-drafter (`state.candidate.drafter`) or, for the configured drafter's candidates, `configured_mode`:
-- "hybrid": the n-gram continuations (prompt lookup over each request's own tokens) are scored by
-  the length of the suffix they matched. When every request of the batch matched at least
+It holds an `EagleDrafter`, an `NgramDrafter` and, when a candidate drafts by suffix decoding, a
+`SuffixDrafter`, and drafts in one of four modes, the candidate's drafter (`state.candidate.drafter`)
+or, for the configured drafter's candidates, `configured_mode`:
+- "hybrid": the lookup's continuations (`hybrid_lookup`: n-gram lookup over each request's own
+  tokens, or suffix decoding over every recent request's) are scored by the length of the suffix
+  they matched. When every request of the batch matched at least
   `ngram_trust` tokens (text that repeats), they are the whole proposal and the head does not run
   that cycle; its draft-extend is held and caught up in one forward before it next drafts. Otherwise
   the head drafts: with topk = 1 its chain; with topk > 1 its EAGLE-2 tree, with the `topk` n-gram
   continuations grafted onto it under the same `num_draft_tokens` budget (the head's tree gets what
   the branches leave, at least the root and one node; branches share nodes where they agree).
-- "ngram": n-gram lookup alone (the head sits out, its draft-extend held as above).
+- "ngram" / "suffix": n-gram lookup / suffix decoding alone (the head sits out, its draft-extend held
+  as above).
 - "head": the head alone (the configured EAGLE / EAGLE-3 drafter, when adaptive tiers list other
   drafters beside its own candidates).
-In every mode both keep their state current: the index sees every verified token, and the head
-catches up before it next drafts, so either can take over at any cycle.
+In every mode all keep their state current: the indexes see every verified token, and the head
+catches up before it next drafts, so any can take over at any cycle.
 """
 
 import torch
@@ -24,18 +27,26 @@ from engine.sampling import SamplingBatch
 from engine.speculative.candidate import Candidate
 from engine.speculative.drafters.eagle import EagleDrafter
 from engine.speculative.drafters.ngram import NgramDrafter
+from engine.speculative.drafters.suffix import SuffixDrafter
 from engine.speculative.tree import DraftTree, graft, max_tree_nodes, root_only
 from engine.speculative.verify import Verified
 
-MODES = ("head", "ngram", "hybrid")
+MODES = ("head", "ngram", "suffix", "hybrid")
+LOOKUP_MODES = ("ngram", "suffix")  # a lookup drafts alone, the head sits out
 
 
 class HybridDrafter:
-    def __init__(self, eagle: EagleDrafter, lookup: NgramDrafter, ngram_trust: int, configured_mode: str = "hybrid"):
+    def __init__(self, eagle: EagleDrafter, ngram: NgramDrafter, ngram_trust: int, configured_mode: str = "hybrid",
+                 suffix: SuffixDrafter | None = None, hybrid_lookup: str = "ngram"):
         if configured_mode not in MODES:
             raise ValueError(f"hybrid drafter mode must be one of {MODES}, got {configured_mode!r}")
+        if hybrid_lookup not in LOOKUP_MODES or (hybrid_lookup == "suffix" and suffix is None):
+            raise ValueError(f"the hybrid rule's lookup must be one of {LOOKUP_MODES} (suffix: given a suffix "
+                             f"drafter), got {hybrid_lookup!r}")
         self.eagle = eagle
-        self.lookup = lookup
+        self.suffix = suffix  # None when nothing drafts by suffix decoding
+        self.lookups = {"ngram": ngram, **({"suffix": suffix} if suffix is not None else {})}
+        self.lookup = self.lookups[hybrid_lookup]  # the hybrid rule's
         self.ngram_trust = ngram_trust
         self.configured_mode = configured_mode  # the mode of the configured drafter's candidates
         self._head_ran = True  # whether the last proposal ran the head
@@ -49,7 +60,8 @@ class HybridDrafter:
 
     def start(self, requests: list[Request], starts: list[int], out: ForwardOutput, first: list[int]) -> None:
         self.eagle.start(requests, starts, out, first)
-        self.lookup.start(requests, starts, out, first)
+        for lookup in self.lookups.values():
+            lookup.start(requests, starts, out, first)
 
     def prefill_chunk(self, requests: list[Request], starts: list[int], out: ForwardOutput) -> None:
         self.eagle.prefill_chunk(requests, starts, out)  # the n-gram index starts on the whole prompt
@@ -58,7 +70,7 @@ class HybridDrafter:
         return self.eagle.kv_valid_len(request)
 
     def prepare(self, requests: list[Request], state) -> None:
-        if self.mode(state.candidate) != "ngram":
+        if self.mode(state.candidate) not in LOOKUP_MODES:
             self.eagle.prepare(requests, state)
 
     def propose(self, requests: list[Request], sampling: SamplingBatch, bonus: torch.Tensor, state) -> DraftTree:
@@ -67,6 +79,8 @@ class HybridDrafter:
         self._head_ran = self._head_drafts(requests, candidate, mode)
         if mode == "head" or (candidate.is_chain and self._head_ran):
             return self.eagle.propose(requests, sampling, bonus, state)
+        if mode == "suffix":
+            return self.suffix.propose(requests, sampling, bonus, state)
         if candidate.is_chain:  # every request's match is trusted (always in mode "ngram")
             return self.lookup.propose(requests, sampling, bonus, state)
         branches = self.lookup.branches(requests, candidate.topk, candidate.num_steps)  # per request, best first
@@ -83,16 +97,17 @@ class HybridDrafter:
         return graft(tree, branches, min(num_nodes, head_nodes + max(grafted)))
 
     def after_verify(self, requests: list[Request], verified: Verified, state) -> None:
-        self.lookup.after_verify(requests, verified, state)
+        for lookup in self.lookups.values():
+            lookup.after_verify(requests, verified, state)
         if self._head_ran:
             self.eagle.extend_verified(requests, verified)
         else:
             # the head sat out (0 steps, or n-gram lookup alone), or the hybrid rule skipped it this cycle
-            sat_out = state.candidate.num_steps == 0 or self.mode(state.candidate) == "ngram"
+            sat_out = state.candidate.num_steps == 0 or self.mode(state.candidate) in LOOKUP_MODES
             self.eagle.hold(requests, verified, sat_out=sat_out)
 
     def _head_drafts(self, requests: list[Request], candidate: Candidate, mode: str) -> bool:
-        if candidate.num_steps == 0 or mode == "ngram":
+        if candidate.num_steps == 0 or mode in LOOKUP_MODES:
             return False
         return mode == "head" or not self._trusted(requests)
 

@@ -16,16 +16,15 @@ from engine.request import Request
 from engine.runner import ForwardOutput
 from engine.sampling import SamplingBatch
 from engine.speculative.drafters.ngram_index import NgramIndex
-from engine.speculative.tree import UNFILLED, DraftTree, graft, root_only
+from engine.speculative.tree import DraftTree, graft, root_only
 from engine.speculative.verify import Verified
 
 
 class NgramDrafter:
     head = None  # no draft model
 
-    def __init__(self, min_match: int, max_match: int, max_branches: int, device: torch.device):
+    def __init__(self, min_match: int, max_match: int, max_branches: int):
         self.min_match, self.max_match, self.max_branches = min_match, max_match, max_branches
-        self.device = torch.device(device)
         self.indexes: dict[int, NgramIndex] = {}  # request-table row -> its tokens' index
         self.lookup_seconds = 0.0  # host time spent in lookups and index updates, over `lookup_steps` steps
         self.lookup_steps = 0
@@ -50,9 +49,7 @@ class NgramDrafter:
             return graft(root_only(bonus), self.branches(requests, candidate.topk, candidate.num_steps),
                          candidate.num_draft_tokens)
         chains = [b[0] if b else [] for b in self.branches(requests, 1, candidate.num_steps)]
-        width = max(map(len, chains))
-        drafts = [c + [UNFILLED] * (width - len(c)) for c in chains]  # [B, w], w the longest proposal
-        return DraftTree.chain(bonus, torch.tensor(drafts, dtype=torch.int64).view(len(chains), width).to(self.device))
+        return DraftTree.ragged_chain(bonus, chains)
 
     def branches(self, requests: list[Request], count: int, max_tokens: int) -> list[list[list[int]]]:
         """Up to `count` distinct continuations of at most `max_tokens` tokens per request, best first."""

@@ -1,0 +1,96 @@
+"""Benchmark workloads: prompts none of the shipped models trained on, by kind of text.
+
+- `stdlib`: held-out standard-library files (`heldout.py`), a `def` / `class` line and ~200 characters.
+- `package`: the source of third-party packages every install of eyas brings (`PACKAGES`), cut the
+  same way: code of another style than the training corpus's.
+- `docstring`: a function's signature and docstring from those packages, cut where the docstring
+  closes: the model writes the body.
+- `prose`: English prose (`prompts/natural_language.txt`), text the shipped model drafts worst.
+- `repeated`: the requests repeat earlier ones' content, as an agent re-planning or a file edited
+  again does: `package` prompts, each followed by `REPEATS` copies with a small edit (a renamed
+  identifier, a comment line above), in that order. A drafter that remembers what earlier requests
+  wrote can draft the later ones' outputs; one that sees only the request's own tokens cannot.
+
+Files are walked in sorted order and prompts taken round-robin over them, so a count draws from as
+many files as there are and the same installed versions give the same prompts.
+"""
+
+import ast
+import importlib.util
+import re
+from pathlib import Path
+
+from heldout import STARTS, _cut, _starts, heldout_prompts, round_robin
+
+PACKAGES = ("omegaconf", "hydra", "_pytest", "pluggy", "yaml", "antlr4")  # installed with eyas's core and tests
+WORKLOADS = ("stdlib", "package", "docstring", "prose", "repeated")
+NATURAL_LANGUAGE = Path(__file__).resolve().parent / "prompts" / "natural_language.txt"
+REPEATS = 2  # edited copies after each original in `repeated`
+
+
+def _package_files() -> list[Path]:
+    files = []
+    for name in PACKAGES:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations:
+            root = Path(list(spec.submodule_search_locations)[0])
+            files += sorted(p for p in root.rglob("*.py") if p.stat().st_size > 2000)
+    if not files:
+        raise RuntimeError(f"none of the packages {PACKAGES} is installed")
+    return files
+
+
+def package_prompts(n: int, prompt_chars: int = 200) -> list[str]:
+    per_file = []
+    for path in _package_files():
+        text = path.read_text(encoding="utf-8", errors="replace")
+        per_file.append([_cut(text, s, prompt_chars) for s in _starts(text)])
+    return round_robin(per_file, n, "package")
+
+
+def _docstring_cuts(text: str) -> list[str]:
+    """Each function's source from its `def` line to the line closing its docstring."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return []
+    lines = text.splitlines(keepends=True)
+    cuts = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and ast.get_docstring(node) and node.body:
+            doc = node.body[0]
+            start = node.lineno - 1 if not node.decorator_list else node.decorator_list[0].lineno - 1
+            if lines[start].lstrip().startswith(tuple(s.strip() for s in STARTS) + ("@",)) and len(node.body) > 1:
+                cuts.append((node.lineno, "".join(lines[start:doc.end_lineno])))
+    return [c for _, c in sorted(cuts) if 40 < len(c) < 1200]
+
+
+def docstring_prompts(n: int) -> list[str]:
+    per_file = [_docstring_cuts(p.read_text(encoding="utf-8", errors="replace")) for p in _package_files()]
+    return round_robin(per_file, n, "docstring")
+
+
+def prose_prompts(n: int) -> list[str]:
+    lines = [line for line in NATURAL_LANGUAGE.read_text().splitlines() if line.strip()]
+    if len(lines) < n:
+        raise RuntimeError(f"only {len(lines)} prose prompts available, {n} asked")
+    return lines[:n]
+
+
+def _edits(prompt: str) -> list[str]:
+    """`REPEATS` small edits of a prompt: the first defined name renamed, then a comment line above."""
+    renamed = re.sub(r"\b(def|class)\s+(\w+)", lambda m: f"{m.group(1)} {m.group(2)}_v2", prompt, count=1)
+    return [renamed, "# revised\n" + prompt][:REPEATS]
+
+
+def repeated_prompts(n: int, prompt_chars: int = 200) -> list[str]:
+    originals = package_prompts(-(-n // (REPEATS + 1)), prompt_chars)
+    return [p for original in originals for p in [original, *_edits(original)]][:n]
+
+
+def workload_prompts(name: str, n: int) -> list[str]:
+    makers = {"stdlib": heldout_prompts, "package": package_prompts, "docstring": docstring_prompts,
+              "prose": prose_prompts, "repeated": repeated_prompts}
+    if name not in makers:
+        raise ValueError(f"unknown workload {name!r}; allowed: {', '.join(WORKLOADS)}")
+    return makers[name](n)
