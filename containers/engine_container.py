@@ -111,7 +111,7 @@ class EngineContainer(containers.DeclarativeContainer):
     scheduler = Singleton(
         Scheduler, kv=cache.manager, max_running_requests=config.cache.max_running_requests,
         max_prefill_tokens=config.cache.max_prefill_tokens, lookahead_tokens=lookahead_tokens,
-        cacheable_len=worker.provided.cacheable_len,
+        cacheable_len=worker.provided.cacheable_len, released=worker.provided.release,
     )
     stop_checker = Singleton(
         StopChecker, tokenizer=models.tokenizer, eos_token_ids=models.eos_token_ids,

@@ -6,6 +6,7 @@ import torch
 
 from engine.cache.kv_pool import PagedKVPool
 from engine.cache.prefix_cache import PrefixCache
+from engine.config.validation import uses_ngram, uses_suffix
 from engine.errors import ConfigError
 from engine.graphs.graph_runner import GraphRunner
 from engine.graphs.settings import GraphSettings, graph_settings
@@ -140,12 +141,10 @@ def key_lengths(spec: dict) -> range:
     return range(spec["ngram_min_match"], spec["ngram_max_match"] + 1)
 
 
-def drafts_by_suffix(spec: dict, adaptive: dict) -> str:
-    """Whether the hybrid drafter holds a suffix drafter: its rule looks up by suffix decoding, or an
-    adaptive candidate drafts by it."""
-    candidates = adaptive_candidates(adaptive) if adaptive["policy"] != "off" else []
-    suffix = spec["hybrid_lookup"] == "suffix" or any(c.drafter == "suffix" for c in candidates)
-    return "yes" if suffix else "no"
+def lookup_in_use(name: str, spec: dict, adaptive: dict) -> str:
+    """Whether the hybrid drafter holds lookup `name` (ngram | suffix): some candidate or its rule drafts
+    with it (the same test validation applies to that lookup's fields)."""
+    return "yes" if {"ngram": uses_ngram, "suffix": uses_suffix}[name](spec, adaptive) else "no"
 
 
 def hybrid_mode(algorithm: str) -> str:

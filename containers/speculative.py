@@ -95,11 +95,15 @@ class SpeculativeContainer(containers.DeclarativeContainer):
         min_token_prob=config.speculative.suffix_min_token_prob,
     )
     hybrid_drafter = Singleton(
-        HybridDrafter, eagle=eagle_drafter, ngram=ngram_drafter, ngram_trust=config.speculative.ngram_trust,
+        HybridDrafter, eagle=eagle_drafter, ngram_trust=config.speculative.ngram_trust,
         configured_mode=providers.Callable(factories.hybrid_mode, config.speculative.algorithm),
+        ngram=providers.Selector(
+            providers.Callable(factories.lookup_in_use, "ngram", config.speculative, config.adaptive),
+            yes=ngram_drafter, no=providers.Object(None),
+        ),
         suffix=providers.Selector(
-            providers.Callable(factories.drafts_by_suffix, config.speculative, config.adaptive), yes=suffix_drafter,
-            no=providers.Object(None),
+            providers.Callable(factories.lookup_in_use, "suffix", config.speculative, config.adaptive),
+            yes=suffix_drafter, no=providers.Object(None),
         ),
         hybrid_lookup=config.speculative.hybrid_lookup,
     )

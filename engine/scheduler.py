@@ -13,6 +13,8 @@ With a prefix cache, a request is admitted onto the cached KV of the longest pre
 earlier sequences and computes only the rest (`num_computed` starts past the match); its pages join
 the cache as their KV becomes final, and when it ends or is preempted. `cacheable_len(request)` says
 how many leading positions hold final KV in every pool (the worker's drafter may lag the target).
+`released(request)` is told whenever a request gives its row back (ended or preempted): the worker's
+drafter lets go of what it kept for that row.
 
 Chunked prefill: a step computes at most `max_prefill_tokens` prompt tokens. A prompt with more left
 than that takes a chunk (`request.chunk_end`) and goes on next step, before anyone new is admitted,
@@ -28,9 +30,11 @@ from engine.request import Request, Status
 
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_running_requests: int, max_prefill_tokens: int, lookahead_tokens: int = 0,
-                 cacheable_len: Callable[[Request], int] | None = None):
+                 cacheable_len: Callable[[Request], int] | None = None,
+                 released: Callable[[Request], None] | None = None):
         self.kv = kv
         self.cacheable_len = cacheable_len or (lambda request: request.num_computed)
+        self.released = released or (lambda request: None)
         self.max_running_requests = max_running_requests
         self.max_prefill_tokens = max_prefill_tokens
         self.lookahead_tokens = lookahead_tokens  # extra KV positions a speculative step may write
@@ -169,3 +173,4 @@ class Scheduler:
             self.kv.release(request.row, request.all_ids, self.cacheable_len(request))
         else:
             self.kv.release(request.row)
+        self.released(request)

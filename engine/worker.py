@@ -59,5 +59,8 @@ class DecodeWorker:
         """Leading positions of the request whose KV is final (the prefix cache may keep them)."""
         return request.num_computed
 
+    def release(self, request: Request) -> None:
+        """The request gave its row back: nothing is kept per row."""
+
     def stats(self) -> dict:
         return {}

@@ -16,7 +16,7 @@ waves, prefill included. Each system's greedy ids are compared with eyas plain's
 Systems (`--systems`, short names): ct2 (CTranslate2, converted here from the same checkpoint),
 hf (transformers `generate`), hf_lookup (prompt lookup, 10 tokens), hf_assisted (the shipped draft
 LM as assistant model), eyas (plain decoding), eyas_spec (EAGLE-3, a fixed k = 3: `adaptive=off`),
-eyas_adaptive (the default config: EAGLE-3 chains beside suffix, n-gram and hybrid candidates under
+eyas_adaptive (the default config: EAGLE-3 chains beside suffix decoding candidates under
 `adaptive=throughput`), eyas_ngram (`speculative=ngram`: prompt lookup; its lookup
 cost per step is printed), eyas_standalone (`speculative=standalone`: the shipped draft LM),
 eyas_hybrid (`speculative=hybrid`: the EAGLE-3 head and n-gram lookup) and eyas_tree (an EAGLE-3
@@ -211,10 +211,13 @@ def make_runners(args, pool: list[list[int]], tmp: str) -> tuple[dict, list]:
 
 
 def lookup_cost(runner) -> tuple[float, int] | None:
-    """(seconds, steps) an eyas runner's n-gram drafter has spent so far; None without one."""
+    """(seconds, steps) an eyas runner's lookup drafters (n-gram, suffix) have spent so far; None without one."""
     drafter = getattr(getattr(getattr(runner, "engine", None), "worker", None), "drafter", None)
-    ngram = getattr(drafter, "lookup", drafter)  # the hybrid holds its n-gram drafter as `lookup`
-    return (ngram.lookup_seconds, ngram.lookup_steps) if hasattr(ngram, "lookup_seconds") else None
+    lookups = list(getattr(drafter, "lookups", {}).values()) or [drafter]  # the hybrid holds its lookups
+    lookups = [d for d in lookups if hasattr(d, "lookup_seconds")]
+    if not lookups:
+        return None
+    return sum(d.lookup_seconds for d in lookups), max(d.lookup_steps for d in lookups)
 
 
 def adaptive_cycles(runner) -> dict:
@@ -318,7 +321,18 @@ def main() -> None:
     n = args.max_new_tokens
     tok = Tokenizer.from_dir(asset_path("target"))
     per_wave = max(b * math.ceil(args.num_prompts / b) for b in args.batch_sizes)
-    pool = [tok.encode(t) for t in workload_prompts(args.workload, per_wave * (args.rounds + 1))]
+    # each batch size gets prompts of its own: engines persist across batch sizes, and suffix decoding would
+    # otherwise draft a later batch size's outputs from an earlier one's
+    block = per_wave * (args.rounds + 1)
+    try:
+        texts = workload_prompts(args.workload, block * len(args.batch_sizes))
+        blocks = [texts[i * block:(i + 1) * block] for i in range(len(args.batch_sizes))]
+    except RuntimeError:
+        texts = workload_prompts(args.workload, block)
+        blocks = [texts] * len(args.batch_sizes)
+        print(f"workload {args.workload}: too few prompts for a set per batch size; every batch size runs the same "
+              "ones (suffix decoding sees them again)")
+    pools = {b: [tok.encode(t) for t in block_texts] for b, block_texts in zip(args.batch_sizes, blocks)}
     print(f"workload {args.workload}; threads: torch {torch.get_num_threads()}; float32, greedy, "
           f"{n} new tokens per prompt (eos ignored); {args.rounds} timed waves of {args.num_prompts}+ prompts "
           f"per batch size after one warmup batch")
@@ -327,7 +341,7 @@ def main() -> None:
         print(f"load average at start: {' '.join(f'{x:.2f}' for x in load)} on {os.cpu_count()} cpus")
     results = {}
     with tempfile.TemporaryDirectory(prefix="bench_peers_") as tmp:
-        runners, engines = make_runners(args, pool, tmp)
+        runners, engines = make_runners(args, [p for b in args.batch_sizes for p in pools[b]], tmp)
         if "ct2" in args.systems:
             print(f"ct2 intra_threads {args.ct2_threads}")
         try:
@@ -335,7 +349,7 @@ def main() -> None:
                 active = {s: fn for s, fn in runners.items() if b == 1 or s not in BATCH1_ONLY}
                 lookups = {name: lookup_cost(runner) for name, runner in active.items()}
                 chosen = {name: adaptive_cycles(runner) for name, runner in active.items()}
-                results[b] = bench_batch(active, make_waves(pool, b, args.num_prompts, args.rounds), n)
+                results[b] = bench_batch(active, make_waves(pools[b], b, args.num_prompts, args.rounds), n)
                 print(f"  batch {b}: done")
                 for name, before in chosen.items():
                     summary = choice_summary(before, adaptive_cycles(active[name]))

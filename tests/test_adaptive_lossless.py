@@ -195,8 +195,8 @@ def engine_with_policy(spec_pair, policy, *extra):
 @pytest.mark.parametrize("sat_out", [Candidate(0), Candidate(4, drafter="ngram")], ids=["0 steps", "n-gram"])
 def test_sitting_out_holds_draft_work_per_row_and_a_new_request_starts_clean(spec_pair, sat_out):
     """At 0 steps, or while n-gram lookup drafts, no draft forward runs per iteration: the verified
-    tokens wait, per request row, for the next iteration the head drafts; a request admitted into a row
-    never inherits what waited there."""
+    tokens wait, per request row, for the next iteration the head drafts; a request that ends lets go of
+    what waited in its row, and one admitted into that row never inherits it."""
     engine = engine_with_policy(spec_pair, lambda candidates, initial: CyclingPolicy([sat_out], sat_out),
                                 "adaptive.tiers=[{batch_size:8,candidates:[0,3,{drafter:ngram,num_steps:4}]}]")
     worker = engine.worker
@@ -204,10 +204,15 @@ def test_sitting_out_holds_draft_work_per_row_and_a_new_request_starts_clean(spe
     calls = []
     forward = runner.forward
     runner.forward = lambda *a, **kw: calls.append(1) or forward(*a, **kw)
+    deferred = worker.drafter.eagle.deferred  # the hybrid's head
+    held, release = [], worker.drafter.release
+    worker.drafter.release = lambda request: held.append(deferred.take([request.row])) or release(request)
     params = SamplingParams(max_new_tokens=9, ignore_eos=True)
-    engine.generate(["def add(a, b):"], params)  # leaves its held work in row 0
+    engine.generate(["def add(a, b):"], params)  # held work in row 0 until it ends
+    assert held[0] is not None and deferred.take([0]) is None  # let go of when it ended
+    deferred.hold(*held[0][:3], held[0][3])  # (as if it were still there: the next request must not see it)
     out = engine.generate(["import os"], params)[0]  # admitted into row 0 again
-    rows, starts, tokens, features = worker.drafter.eagle.deferred.take([0])  # the hybrid's head
+    rows, starts, tokens, features = held[1]
     # prefill extended the draft head up to the first output token; each verify since then emitted one
     # token, held from the position after the prompt onwards; nothing of the first request is left
     assert rows == [0] and starts == [len(out.prompt_token_ids)] and tokens == [out.token_ids[1:]]

@@ -160,7 +160,7 @@ ADAPTIVE_INVALID = [
      "other drafters need the draft head they share state with"),
     (["adaptive=throughput", "speculative.suffix_max_tokens=10",
       "adaptive.tiers=[{batch_size:1,candidates:[3,{drafter:suffix,num_steps:8}]}]"],
-     "speculative.suffix_max_tokens must be an integer in 1024..67108864"),
+     "speculative.suffix_max_tokens must be an integer in 1024..16777216"),
     (["adaptive=throughput", "speculative.ngram_max_match=0",
       "adaptive.tiers=[{batch_size:1,candidates:[3,{drafter:ngram,num_steps:4}]}]"],
      "speculative.ngram_max_match"),

@@ -98,8 +98,11 @@ def test_memory_is_bounded_by_dropping_the_oldest_finished_streams():
         assert index.num_tokens <= 100 or list(index.streams) == [live, finished[-1]]
     assert live in index.streams and finished[-1] in index.streams and finished[0] not in index.streams
     assert index.num_tokens == sum(map(len, index.streams.values()))
-    # entries of dropped streams are never returned, and are swept once they outnumber the live ones
-    assert all((e >> 32) in index.streams for entries in index._ends.values() for e in entries) or index._dead
+    # entries of dropped streams are counted dead, never returned by a lookup, and swept out
+    assert index._dead > 0 and any((e >> 32) not in index.streams for es in index._ends.values() for e in es)
+    probe = index.open([1000, 1000])  # the dropped streams held 1000s: only live ones may answer
+    assert all(stream is index.streams[finished[-1]] or stream is index.streams[probe]
+               for stream, _ in index.match(probe)[1])
     index._sweep()
     assert all((e >> 32) in index.streams for entries in index._ends.values() for e in entries)
     assert sum(map(len, index._ends.values())) == index._entries
@@ -130,6 +133,22 @@ def test_a_request_drafts_what_an_earlier_request_wrote(spec_pair, plain_referen
             taus[algorithm] = [o.stats["mean_accept_length"] for o in outs]
             assert [o.token_ids for o in outs] == [plain_reference(target, [p], [params])[0] for p in prompts]
     assert taus["suffix"][1] > 2 * taus["suffix"][0] and taus["suffix"][1] > 2 * taus["ngram"][1], taus
+
+
+def test_ended_and_preempted_requests_hand_their_streams_over_and_memory_stays_bounded(spec_pair, plain_reference):
+    """Every request that ends or is preempted marks its stream finished (none stays live after
+    `generate`), and finished streams past `suffix_max_tokens` are dropped, oldest first."""
+    target = spec_pair[0]
+    params = [SamplingParams(max_new_tokens=30, ignore_eos=True, temperature=0.0)] * 16
+    overrides = engine_overrides(target, "suffix", "speculative.suffix_max_tokens=1024", "cache.page_size=4",
+                                 "cache.max_total_tokens=160", "cache.max_running_requests=6", num_steps=6)
+    with build_engine(overrides) as eng:
+        index = eng.worker.drafter.index
+        outs = [o for _ in range(4) for o in eng.generate(REPEATING_PROMPTS, params)]
+        assert eng.metrics()["preemptions"] > 0  # a small pool: some requests were preempted and came back
+        assert eng.worker.drafter.streams == {} and set(index.finished) == set(index.streams)
+        assert 0 < index.num_tokens <= 1024 and index._next_id > len(index.streams)  # some were dropped
+    assert [o.token_ids for o in outs] == plain_reference(target, REPEATING_PROMPTS, params) * 4
 
 
 def test_suffix_on_triton_one_token_pages_and_random_requests(spec_pair, plain_reference):
@@ -176,10 +195,15 @@ def test_suffix_from_the_command_line_with_no_other_override(tmp_path):
 
 
 @pytest.mark.parametrize("override,field", [
-    ("speculative.suffix_max_tokens=100", "speculative.suffix_max_tokens must be an integer in 1024..67108864"),
+    ("speculative.suffix_max_tokens=100", "speculative.suffix_max_tokens must be an integer in 1024..16777216"),
     ("speculative.suffix_max_tokens=1e12", "speculative.suffix_max_tokens"),
-    ("speculative.suffix_max_match=2", "speculative.suffix_max_match must be an integer >= speculative.ngram_max_match"),
-    ("speculative.suffix_max_spec_factor=0", "speculative.suffix_max_spec_factor must be a number > 0"),
+    ("speculative.suffix_max_match=2", r"speculative.suffix_max_match must be an integer in speculative.ngram_max_match \(4\)..4096"),
+    ("speculative.suffix_max_spec_factor=0", r"speculative.suffix_max_spec_factor must be a number in \(0, 64.0\]"),
+    ("speculative.suffix_max_spec_factor=inf", "speculative.suffix_max_spec_factor"),
+    ("speculative.suffix_max_spec_factor=nan", "speculative.suffix_max_spec_factor"),
+    ("speculative.ngram_max_match=2000", r"speculative.ngram_max_match must be an integer in speculative.ngram_min_match \(1\)..32"),
+    ("speculative.suffix_max_match=5000", "speculative.suffix_max_match must be an integer in"),
+    ("speculative.hybrid_lookup=trie", "hybrid_lookup"),
     ("speculative.suffix_min_token_prob=1.5", r"speculative.suffix_min_token_prob must be in \[0, 1\]"),
     ("speculative.ngram_min_match=0", "speculative.ngram_min_match"),
     ("draft=eagle3", "draft.kind"),

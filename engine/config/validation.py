@@ -1,6 +1,8 @@
 """Checks of the resolved config (a plain dict; see `engine.config.resolution`), changing nothing. Each
 error names the field and what is allowed."""
 
+import math
+
 from engine.errors import ConfigError
 from engine.graphs.settings import validate_graphs
 from engine.sampling_params import SamplingParams
@@ -13,8 +15,12 @@ from engine.speculative.tree import max_tree_nodes
 DRAFT_KIND = {"none": ("none",), "eagle": ("eagle",), "eagle3": ("eagle3",), "ngram": ("none",), "suffix": ("none",),
               "standalone": ("lm",), "hybrid": ("eagle3", "eagle")}
 
-# speculative.suffix_max_tokens: bounds of the suffix index's memory (bytes per token measured on CPython 3.11)
-MIN_SUFFIX_TOKENS, MAX_SUFFIX_TOKENS, SUFFIX_BYTES_PER_TOKEN = 1024, 1 << 26, 250
+# speculative.suffix_max_tokens: bounds of the suffix index's memory (bytes per token measured on CPython
+# 3.11 with the default key lengths: ~210 on code, ~715 on random ids of a 32k vocabulary)
+MIN_SUFFIX_TOKENS, MAX_SUFFIX_TOKENS, SUFFIX_BYTES_PER_TOKEN = 1024, 1 << 24, "250-750"
+MAX_NGRAM_MATCH = 32  # speculative.ngram_max_match: key lengths the lookups index every token at
+MAX_SUFFIX_MATCH = 4096  # speculative.suffix_max_match
+MAX_SPEC_FACTOR = 64.0  # speculative.suffix_max_spec_factor
 
 # metrics a run can return to a sweeper -> whether only speculative runs have it
 OBJECTIVES = {"tokens_per_s": False, "generated_tokens": False, "generate_time_s": False, "forward_steps": False,
@@ -65,7 +71,7 @@ def validate(config: dict) -> None:
         )
     if spec["algorithm"] in ("ngram", "hybrid", "suffix"):
         _validate_ngram(spec)
-    if spec["algorithm"] == "suffix" or (spec["algorithm"] == "hybrid" and spec["hybrid_lookup"] == "suffix"):
+    if uses_suffix(spec, config["adaptive"]):
         _validate_suffix(spec)
     if spec["topk"] > 1:
         _validate_tree(config)
@@ -96,23 +102,46 @@ def _validate_ngram(spec: dict) -> None:
     low, high, trust = spec["ngram_min_match"], spec["ngram_max_match"], spec["ngram_trust"]
     if not isinstance(low, int) or low < 1:
         raise ConfigError(f"speculative.ngram_min_match must be an integer >= 1, got {low!r}")
-    if not isinstance(high, int) or high < low:
-        raise ConfigError(f"speculative.ngram_max_match must be an integer >= speculative.ngram_min_match ({low}), "
-                          f"got {high!r}")
+    if not isinstance(high, int) or not low <= high <= MAX_NGRAM_MATCH:
+        raise ConfigError(f"speculative.ngram_max_match must be an integer in speculative.ngram_min_match ({low}).."
+                          f"{MAX_NGRAM_MATCH} (each token is indexed once per length), got {high!r}")
     if not isinstance(trust, int) or trust < 1:
         raise ConfigError(f"speculative.ngram_trust must be an integer >= 1 (a match length; above "
                           f"ngram_max_match={high}: the head always runs), got {trust!r}")
 
 
+def _other_drafters(adaptive: dict) -> set[str]:
+    """The other drafters the adaptive tiers list (none with adaptive off)."""
+    if adaptive["policy"] == "off":
+        return set()
+    return {parse_candidate(c).drafter for tier in adaptive["tiers"] for c in tier["candidates"]} - {None}
+
+
+def uses_suffix(spec: dict, adaptive: dict) -> bool:
+    """Whether suffix decoding drafts: configured, an adaptive candidate, or the lookup of a hybrid rule that runs."""
+    drafters = _other_drafters(adaptive)
+    hybrid = spec["algorithm"] == "hybrid" or "hybrid" in drafters
+    return spec["algorithm"] == "suffix" or "suffix" in drafters or (hybrid and spec["hybrid_lookup"] == "suffix")
+
+
+def uses_ngram(spec: dict, adaptive: dict) -> bool:
+    """Whether n-gram lookup drafts: configured, an adaptive candidate, or the lookup of a hybrid rule that runs."""
+    drafters = _other_drafters(adaptive)
+    hybrid = spec["algorithm"] == "hybrid" or "hybrid" in drafters
+    return spec["algorithm"] == "ngram" or "ngram" in drafters or (hybrid and spec["hybrid_lookup"] == "ngram")
+
+
 def _validate_suffix(spec: dict) -> None:
     longest, factor = spec["suffix_max_match"], spec["suffix_max_spec_factor"]
     prob, room = spec["suffix_min_token_prob"], spec["suffix_max_tokens"]
-    if not isinstance(longest, int) or isinstance(longest, bool) or longest < spec["ngram_max_match"]:
-        raise ConfigError(f"speculative.suffix_max_match must be an integer >= speculative.ngram_max_match "
-                          f"({spec['ngram_max_match']}), got {longest!r}")
-    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or factor <= 0:
-        raise ConfigError(f"speculative.suffix_max_spec_factor must be a number > 0 (drafts per matched token), "
-                          f"got {factor!r}")
+    if (not isinstance(longest, int) or isinstance(longest, bool)
+            or not spec["ngram_max_match"] <= longest <= MAX_SUFFIX_MATCH):
+        raise ConfigError(f"speculative.suffix_max_match must be an integer in speculative.ngram_max_match "
+                          f"({spec['ngram_max_match']})..{MAX_SUFFIX_MATCH}, got {longest!r}")
+    if (not isinstance(factor, (int, float)) or isinstance(factor, bool) or not math.isfinite(factor)
+            or not 0 < factor <= MAX_SPEC_FACTOR):
+        raise ConfigError(f"speculative.suffix_max_spec_factor must be a number in (0, {MAX_SPEC_FACTOR}] (drafts "
+                          f"per matched token), got {factor!r}")
     if not isinstance(prob, (int, float)) or isinstance(prob, bool) or not 0.0 <= prob <= 1.0:
         raise ConfigError(f"speculative.suffix_min_token_prob must be in [0, 1], got {prob!r}")
     if not isinstance(room, int) or isinstance(room, bool) or not MIN_SUFFIX_TOKENS <= room <= MAX_SUFFIX_TOKENS:
@@ -238,11 +267,8 @@ def _validate_adaptive(config: dict) -> None:
                               f"({previous}): tiers are sorted by batch size, got {size!r}")
         previous = size
         _validate_candidates(spec["algorithm"], policy, i, candidates)
-    drafters = {parse_candidate(c).drafter for tier in tiers for c in tier["candidates"]} - {None}
-    if drafters:
+    if _other_drafters(adaptive):
         _validate_ngram(spec)  # n-gram or suffix lookup drafts for those candidates
-    if "suffix" in drafters or ("hybrid" in drafters and spec["hybrid_lookup"] == "suffix"):
-        _validate_suffix(spec)
 
 
 def _validate_candidates(algorithm: str, policy: str, i: int, candidates: list) -> None:

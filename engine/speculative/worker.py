@@ -160,6 +160,10 @@ class SpeculativeWorker:
         """Leading positions of the request whose KV is final in the target's pool and the drafter's."""
         return min(request.num_computed, self.drafter.kv_valid_len(request))
 
+    def release(self, request: Request) -> None:
+        """The request gave its row back (ended or preempted): the drafter lets go of its state there."""
+        self.drafter.release(request)
+
     def stats(self) -> dict:
         stats = self.counters.as_dict()
         if self.controller is not None:

@@ -43,3 +43,7 @@ class Drafter(Protocol):
 
     def after_verify(self, requests: list[Request], verified: Verified, state) -> None:
         """After verify and commit: see the verified path (draft-extend, index update, rollback)."""
+
+    def release(self, request: Request) -> None:
+        """The request gave its row back (ended or preempted; `request.row` is still its row): let go of
+        what was kept for it there."""

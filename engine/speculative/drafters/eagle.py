@@ -66,6 +66,9 @@ class EagleDrafter:
         else:
             self.hold(requests, verified, sat_out=True)
 
+    def release(self, request: Request) -> None:
+        self.deferred.drop([request.row])  # held draft-extend work for KV the row no longer has
+
     def catch_up(self, rows: list[int]) -> None:
         """One draft-extend over the work held for these rows brings the draft KV up to date."""
         held = self.deferred.take(rows)

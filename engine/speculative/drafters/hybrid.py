@@ -36,17 +36,19 @@ LOOKUP_MODES = ("ngram", "suffix")  # a lookup drafts alone, the head sits out
 
 
 class HybridDrafter:
-    def __init__(self, eagle: EagleDrafter, ngram: NgramDrafter, ngram_trust: int, configured_mode: str = "hybrid",
-                 suffix: SuffixDrafter | None = None, hybrid_lookup: str = "ngram"):
+    def __init__(self, eagle: EagleDrafter, ngram: NgramDrafter | None, ngram_trust: int,
+                 configured_mode: str = "hybrid", suffix: SuffixDrafter | None = None, hybrid_lookup: str = "ngram"):
         if configured_mode not in MODES:
             raise ValueError(f"hybrid drafter mode must be one of {MODES}, got {configured_mode!r}")
-        if hybrid_lookup not in LOOKUP_MODES or (hybrid_lookup == "suffix" and suffix is None):
-            raise ValueError(f"the hybrid rule's lookup must be one of {LOOKUP_MODES} (suffix: given a suffix "
-                             f"drafter), got {hybrid_lookup!r}")
+        if hybrid_lookup not in LOOKUP_MODES:
+            raise ValueError(f"the hybrid rule's lookup must be one of {LOOKUP_MODES}, got {hybrid_lookup!r}")
         self.eagle = eagle
-        self.suffix = suffix  # None when nothing drafts by suffix decoding
-        self.lookups = {"ngram": ngram, **({"suffix": suffix} if suffix is not None else {})}
-        self.lookup = self.lookups[hybrid_lookup]  # the hybrid rule's
+        self.suffix = suffix
+        # the lookups some candidate drafts with (None: nothing does; each kept current costs every cycle)
+        self.lookups = {name: d for name, d in (("ngram", ngram), ("suffix", suffix)) if d is not None}
+        self.lookup = self.lookups.get(hybrid_lookup)  # the hybrid rule's (None when no candidate runs the rule)
+        if configured_mode == "hybrid" and self.lookup is None:
+            raise ValueError(f"the hybrid rule drafts with its {hybrid_lookup} lookup, which was not given")
         self.ngram_trust = ngram_trust
         self.configured_mode = configured_mode  # the mode of the configured drafter's candidates
         self._head_ran = True  # whether the last proposal ran the head
@@ -105,6 +107,11 @@ class HybridDrafter:
             # the head sat out (0 steps, or n-gram lookup alone), or the hybrid rule skipped it this cycle
             sat_out = state.candidate.num_steps == 0 or self.mode(state.candidate) in LOOKUP_MODES
             self.eagle.hold(requests, verified, sat_out=sat_out)
+
+    def release(self, request: Request) -> None:
+        self.eagle.release(request)
+        for lookup in self.lookups.values():
+            lookup.release(request)
 
     def _head_drafts(self, requests: list[Request], candidate: Candidate, mode: str) -> bool:
         if candidate.num_steps == 0 or mode in LOOKUP_MODES:

@@ -63,6 +63,9 @@ class NgramDrafter:
         """Per request, the length of the longest suffix that occurred before (0: none)."""
         return [max((n for n, _ in self.indexes[r.row].matches(1)), default=0) for r in requests]
 
+    def release(self, request: Request) -> None:
+        self.indexes.pop(request.row, None)
+
     def after_verify(self, requests: list[Request], verified: Verified, state) -> None:
         start = time.perf_counter()
         for request, tokens in zip(requests, verified.emitted):

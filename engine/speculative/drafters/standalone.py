@@ -59,6 +59,9 @@ class StandaloneDrafter:
         for request, start, tokens in zip(requests, verified.prefix_lens, verified.emitted):  # roll back to the accepted prefix
             self.computed[request.row] = min(self.computed[request.row], start + len(tokens))
 
+    def release(self, request: Request) -> None:
+        self.computed.pop(request.row, None)
+
     def _catch_up(self, requests: list[Request]) -> tuple[list[int], list[int]]:
         """Feed each request's tokens from its current draft KV through its bonus (position L); keep the
         LM's output at the bonus for the first proposal. Returns (rows, L + 1 per request)."""

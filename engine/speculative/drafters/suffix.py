@@ -38,10 +38,15 @@ class SuffixDrafter:
 
     def start(self, requests: list[Request], starts: list[int], out: ForwardOutput, first: list[int]) -> None:
         for request, token in zip(requests, first):
-            previous = self.streams.get(request.row)
-            if previous is not None:  # the row's last request has ended: its stream stays, as a finished one
-                self.index.finish(previous)
+            self.release(request)  # (a row is released before it is reused: none is held here)
             self.streams[request.row] = self.index.open(request.all_ids + [token])
+
+    def release(self, request: Request) -> None:
+        """The request ended or was preempted: its stream stays, as a finished one, until memory asks for
+        its room (a preempted request opens a new one when it comes back)."""
+        sid = self.streams.pop(request.row, None)
+        if sid is not None:
+            self.index.finish(sid)
 
     def prefill_chunk(self, requests: list[Request], starts: list[int], out: ForwardOutput) -> None:
         """The stream starts on the whole prompt (`start`)."""
