@@ -2,6 +2,7 @@
 
     python scripts/bench_spec.py                          # EAGLE-3, k = 1..6, T=0, batch 1, 20 prompts x 128 tokens
     python scripts/bench_spec.py --kind eagle --ks 2,4 --trees 5:4:16 --temperature 1.0
+    python scripts/bench_spec.py --ks 3,5 --trees 5:4:16 --graphs   # each phase eager and compiled
 
 Beside the chains, EAGLE-2 trees (`--trees steps:topk:nodes,...`) get the same columns (acceptance
 by depth; t_draft is the tree's draft phase per cycle / steps) and their ratios to the fastest chain.
@@ -18,7 +19,13 @@ Each phase also gets its floor: the time of the phase's GEMMs alone. Every proje
 its modules one by one, with their row counts) is recorded per phase, then replayed back to back on the same weights after the run; floor = replay time / phase
 count, and overhead = phase time - floor (everything that is not a GEMM: attention, norms, RoPE,
 batch building, sampling, Python).
+
+`--graphs` runs every configuration a second time with its forwards as compiled graphs
+(`graphs.mode=compile`) and prints each phase's time eager and graphed, side by side. Floors come from
+the eager run only: a GEMM inside a compiled graph cannot be recorded.
 """
+
+import contextlib
 
 import argparse
 import json
@@ -136,6 +143,8 @@ class PhaseTimer:
         return self.total[(phase, label)] / n if n else float("nan")
 
     def floor(self, label: str, phase: str = "decode") -> float:
+        if self.gemms is None:  # a graphed run
+            return float("nan")
         return self.gemms.floor(f"{phase}:{label}", self.count[(phase, label)])
 
 
@@ -178,25 +187,36 @@ def run(engine, prompts: list[str], params: SamplingParams, batch_size: int) -> 
     return time.perf_counter() - start, tokens
 
 
-def plain(args, prompts, params):
-    with build_engine(["speculative=none", "draft=none", *args.override]) as eng, GemmRecorder() as gemms:
+def recorder(graphs: bool):
+    """A GEMM recorder for an eager run; none for a graphed one (its GEMMs run inside the graph)."""
+    return contextlib.nullcontext() if graphs else GemmRecorder()
+
+
+def graph_overrides(graphs: bool) -> list[str]:
+    return ["graphs.mode=compile"] if graphs else []
+
+
+def plain(args, prompts, params, graphs: bool = False):
+    with build_engine(["speculative=none", "draft=none", *args.override, *graph_overrides(graphs)]) as eng, \
+            recorder(graphs) as gemms:
         timer = PhaseTimer(gemms)
         # a forward whose requests all extend by one token is a decode step; others carry a prefill
         timer.wrap(eng.worker.runner, "forward", "target_forward",
                    phase_of=lambda batch, *a, **kw: "decode" if max(batch.extend_lens) == 1 else "prefill")
         choice = ChoiceProbe(eng.worker.sampler, "sample")
         run(eng, prompts[:2], params, args.batch_size)  # warmup
-        timer.total.clear(), timer.count.clear(), gemms.clear()
+        timer.total.clear(), timer.count.clear(), gemms and gemms.clear()
         seconds, tokens = run(eng, prompts, params, args.batch_size)
         return tokens / seconds, timer.mean("target_forward"), timer.floor("target_forward"), choice.per_position()
 
 
-def speculative(args, prompts, params, k, topk=1, nodes=None):
+def speculative(args, prompts, params, k, topk=1, nodes=None, graphs: bool = False):
     """A chain of k steps, or (topk > 1) an EAGLE-2 tree of `nodes` nodes grown over k steps."""
     nodes = k + 1 if topk == 1 else nodes
     overrides = [f"speculative={args.kind}", f"draft={args.kind}", "adaptive=off", f"speculative.num_steps={k}",
-                 f"speculative.topk={topk}", f"speculative.num_draft_tokens={nodes}", *args.override]
-    with build_engine(overrides) as eng, GemmRecorder() as gemms:
+                 f"speculative.topk={topk}", f"speculative.num_draft_tokens={nodes}", *args.override,
+                 *graph_overrides(graphs)]
+    with build_engine(overrides) as eng, recorder(graphs) as gemms:
         timer = PhaseTimer(gemms)
         worker, head = eng.worker, eng.worker.drafter.head
         timer.wrap(worker, "prefill", "prefill", set_phase="prefill")
@@ -206,7 +226,7 @@ def speculative(args, prompts, params, k, topk=1, nodes=None):
         timer.wrap(head.runner, "forward", "draft_forward")
         choice = ChoiceProbe(worker.verifier, "accept")
         run(eng, prompts[:2], params, args.batch_size)
-        timer.total.clear(), timer.count.clear(), gemms.clear()
+        timer.total.clear(), timer.count.clear(), gemms and gemms.clear()
         base = eng.metrics()
         seconds, tokens = run(eng, prompts, params, args.batch_size)
         metrics = eng.metrics()
@@ -244,6 +264,8 @@ def main() -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    p.add_argument("--graphs", action="store_true",
+                   help="run every configuration again with compiled graphs and print each phase eager and graphed")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     p.add_argument("--plot", type=Path, default=None, help="also chart them here (PNG; needs matplotlib)")
     p.add_argument("override", nargs="*", help="extra config overrides, e.g. model.path=/ckpt")
@@ -253,12 +275,11 @@ def main() -> None:
     prompts = workload_prompts(args.workload, args.num_prompts)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                             seed=0, ignore_eos=True)
+    shapes = [(int(k), 1, None) for k in args.ks.split(",")]
+    shapes += [tuple(int(v) for v in shape.split(":")) for shape in filter(None, args.trees.split(","))]
     plain_tps, t_decode, floor_decode, plain_choice = plain(args, prompts, params)
-    rows = [speculative(args, prompts, params, int(k)) for k in args.ks.split(",")]
-    chains = list(rows)
-    for shape in filter(None, args.trees.split(",")):
-        steps, topk, nodes = (int(v) for v in shape.split(":"))
-        rows.append(speculative(args, prompts, params, steps, topk, nodes))
+    rows = [speculative(args, prompts, params, *shape) for shape in shapes]
+    chains = [r for r in rows if r["topk"] == 1]
     print(f"{args.kind}, {len(prompts)} {args.workload} prompts x {args.max_new_tokens} new tokens, T={args.temperature}, "
           f"top_p={args.top_p}, "
           f"batch {args.batch_size}; plain decoding {plain_tps:.1f} tok/s, target decode step {t_decode * 1e3:.2f} ms")
@@ -294,6 +315,12 @@ def main() -> None:
         for r in trees:
             print(f"  {r['label']:>9}: tokens/s x{r['tokens_per_s'] / best['tokens_per_s']:.2f}, "
                   f"tau x{r['tau'] / best['tau']:.2f}")
+    graphed = None
+    if args.graphs:
+        graphed_plain = plain(args, prompts, params, graphs=True)
+        graphed = {"plain_tokens_per_s": graphed_plain[0], "t_decode": graphed_plain[1],
+                   "rows": [speculative(args, prompts, params, *shape, graphs=True) for shape in shapes]}
+        print_graphed(plain_tps, t_decode, rows, graphed)
     step = [r["t_draft_forward"] for r in rows if r["topk"] == 1 and r["t_draft_forward"] == r["t_draft_forward"]]
     if step:
         print(f"one draft forward step: {sum(step) / len(step) * 1e3:.2f} ms = "
@@ -301,10 +328,26 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps({"plain_tokens_per_s": plain_tps, "t_decode": t_decode,
                                          "floor_decode": floor_decode, "plain_choice_sampled": plain_choice[0],
-                                         "plain_choice_greedy": plain_choice[1], "rows": rows}, indent=2))
+                                         "plain_choice_greedy": plain_choice[1], "rows": rows,
+                                         "graphed": graphed}, indent=2))
     if args.plot:
         plot(args, rows, args.plot)
         print(f"wrote {args.plot}")
+
+
+def print_graphed(plain_tps: float, t_decode: float, rows: list[dict], graphed: dict) -> None:
+    """Each phase's time and each configuration's tokens/s, eager against graphed (both measured in this run)."""
+    print("eager vs graphed (graphs.mode=compile), per phase (ms, means over the decode phase) and tokens/s:")
+    print(f"{'k':>9} {'phase':>8} {'eager':>9} {'graphed':>9} {'ratio':>6}")
+    phases = [("-", "decode", t_decode, graphed["t_decode"]), ("-", "tok/s", plain_tps, graphed["plain_tokens_per_s"])]
+    for eager, compiled in zip(rows, graphed["rows"]):
+        phases += [(eager["label"], name, eager[f"t_{name}"], compiled[f"t_{name}"]) for name in ("verify", "draft", "extend")]
+        phases.append((eager["label"], "tok/s", eager["tokens_per_s"], compiled["tokens_per_s"]))
+    for label, name, eager, compiled in phases:
+        if name == "tok/s":  # higher is better: the ratio is graphed / eager
+            print(f"{label:>9} {name:>8} {eager:>9.1f} {compiled:>9.1f} {compiled / eager:>5.2f}x")
+        else:  # a time: the ratio is eager / graphed (the speedup)
+            print(f"{label:>9} {name:>8} {eager * 1e3:>7.2f}ms {compiled * 1e3:>7.2f}ms {eager / compiled:>5.2f}x")
 
 
 def plot(args, rows: list[dict], path: Path) -> None:

@@ -117,6 +117,22 @@ def test_bench_spec_prints_phase_floors(tmp_path):
     assert math.isfinite(result["floor_decode"]) and result["floor_decode"] > 0
 
 
+@pytest.mark.slow  # compiles the target's and the head's graphs: a minute or more on a cold cache
+def test_bench_spec_prints_each_phase_eager_and_graphed(tmp_path):
+    out = run_script("bench_spec.py", "--ks", "2", "--trees", "", "--num-prompts", "2", "--max-new-tokens", "8",
+                     "--graphs", "--json", str(tmp_path / "spec.json"))
+    assert "eager vs graphed (graphs.mode=compile), per phase" in out
+    result = json.loads((tmp_path / "spec.json").read_text())
+    graphed = result["graphed"]
+    assert graphed["plain_tokens_per_s"] > 0 and math.isfinite(graphed["t_decode"])
+    (row,) = graphed["rows"]
+    for phase in ("verify", "draft", "extend"):
+        assert math.isfinite(row[f"t_{phase}"]) and row[f"t_{phase}"] > 0, phase
+        assert math.isnan(row[f"floor_{phase}"])  # no GEMM is recorded inside a graph
+    lines = [line.split() for line in out.splitlines()]
+    assert any(line[:2] == ["2", "verify"] and line[-1].endswith("x") for line in lines), out
+
+
 def test_check_reproducible_reports_every_config_identical():
     out = run_script("check_reproducible.py", "--batch-size", "3", "--max-new-tokens", "8")
     for name in ("plain", "default", "num_steps=5", "adaptive=throughput", "adaptive=ema"):
