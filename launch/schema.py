@@ -201,6 +201,7 @@ class CacheConfig:
 
 class GraphMode(str, Enum):
     auto = "auto"
+    aot = "aot"
     compile = "compile"
     eager = "eager"
 

@@ -59,6 +59,7 @@ SYSTEMS = {"ct2": "ct2 plain", "hf": "transformers plain", "hf_lookup": "transfo
            "eyas_hybrid": "eyas hybrid", "eyas_tree": "eyas EAGLE-3 tree 5x4/16",
            "eyas_suffix": "eyas suffix", "eyas_hybrid_suffix": "eyas hybrid, suffix lookup",
            "eyas_graphs": "eyas plain, compiled", "eyas_adaptive_graphs": "eyas adaptive (default), compiled",
+           "eyas_aot": "eyas plain, AOT-compiled", "eyas_adaptive_aot": "eyas adaptive (default), AOT-compiled",
            **{f"eyas_k{k}": f"eyas EAGLE-3 k={k}" for k in range(1, 7)}}
 BATCH1_ONLY = {"hf_lookup", "hf_assisted"}
 # every speculative row but the default's runs its configured step count (adaptive=off)
@@ -72,6 +73,8 @@ EYAS_OVERRIDES = {"eyas": ["speculative=none", "draft=none"], "eyas_spec": ["ada
                   "eyas_hybrid_suffix": ["speculative=hybrid", "speculative.hybrid_lookup=suffix", "adaptive=off"],
                   "eyas_graphs": ["speculative=none", "draft=none", "graphs.mode=compile"],
                   "eyas_adaptive_graphs": ["graphs.mode=compile"],
+                  "eyas_aot": ["speculative=none", "draft=none", "graphs.mode=aot"],
+                  "eyas_adaptive_aot": ["graphs.mode=aot"],
                   **{f"eyas_k{k}": ["adaptive=off", f"speculative.num_steps={k}"] for k in range(1, 7)}}
 # the fixed configurations the default is held against (`--systems fixed` names them all)
 FIXED = ["eyas_ngram", "eyas_hybrid", "eyas_tree", "eyas_suffix", "eyas_hybrid_suffix", *(f"eyas_k{k}" for k in range(1, 7))]

@@ -110,7 +110,7 @@ def qwen3_spec_pair(checkpoint, tmp_path_factory):
 # decoding's, which most lossless checks compare against (rejection's are checked by distribution)
 VERIFY = "reproducible"
 DRAFT_KIND = {"eagle": "eagle", "eagle3": "eagle3", "hybrid": "eagle3"}  # the head an algorithm drafts with
-# EYAS_TEST_GRAPHS=compile: every engine the tests build runs its forwards as graphs
+# EYAS_TEST_GRAPHS=compile (or aot): every engine the tests build runs its forwards as graphs
 GRAPHS = [f"graphs.mode={os.environ['EYAS_TEST_GRAPHS']}"] if os.environ.get("EYAS_TEST_GRAPHS") else []
 
 

@@ -104,7 +104,7 @@ def test_eager_builds_no_runner(gqa_checkpoint, spec_pair):
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("mode", "cuda_graphs", "graphs.mode must be one of ['auto', 'compile', 'eager']"),
+    ("mode", "cuda_graphs", "graphs.mode must be one of ['auto', 'aot', 'compile', 'eager']"),
     ("batch_sizes", [0, 2], "graphs.batch_sizes must be a non-empty list of integers >= 1"),
     ("max_context", [], "graphs.max_context must be a non-empty list of integers >= 1"),
     ("cache_dir", "", "graphs.cache_dir must be a directory path or null"),
@@ -115,9 +115,9 @@ def test_settings_errors_name_the_field(field, value, message):
         graph_settings(graphs, "cpu")
 
 
-def test_auto_compiles_on_cpu_only():
+def test_auto_compiles_ahead_of_time_on_cpu_only():
     graphs = {"mode": "auto", "batch_sizes": [8, 1, 2], "max_context": [512], "cache_dir": None}
-    assert graph_settings(graphs, "cpu").mode == "compile" and graph_settings(graphs, "cuda").mode == "eager"
+    assert graph_settings(graphs, "cpu").mode == "aot" and graph_settings(graphs, "cuda").mode == "eager"
     assert graph_settings(graphs, "cpu").batch_sizes == (1, 2, 8)
 
 

@@ -19,6 +19,7 @@ import torch
 
 from engine.graphs.graph_attention import GraphAttention
 from engine.graphs.graph_forward import graph_forward
+from engine.models.llama import RMSNorm
 from engine.models.rope import RotaryEmbedding
 
 log = logging.getLogger("eyas.graphs")
@@ -31,7 +32,7 @@ _COMPILED: "weakref.WeakValueDictionary[tuple, CompiledForward]" = weakref.WeakV
 class CompiledForward:
     def __init__(self, model, kv_pool, capture_layers: tuple[int, ...], tree: bool, max_position: int):
         attention = GraphAttention(model.config.head_dim)
-        _fill_rope_caches(model, max_position)
+        prepare_model(model, max_position)
         self.name = f"{type(model).__name__}{' tree' if tree else ''}"
         self.shapes_seen: set[tuple[bool, bool]] = set()  # (one request, one token each) of the graphs compiled
         self.compile_s = 0.0
@@ -82,10 +83,13 @@ def compiled_forward(model, kv_pool, capture_layers: tuple[int, ...], tree: bool
     return compiled
 
 
-def _fill_rope_caches(model, max_position: int) -> None:
-    """Grow every RoPE cache of `model` past `max_position` now: the graph reads the same tables eager
-    forwards read, and no forward has to grow them later."""
+def prepare_model(model, max_position: int) -> None:
+    """Make now the tensors `model`'s forwards would make lazily: every RoPE cache grown past `max_position`,
+    every norm's constants. A graph reads the same tensors eager forwards read, and a traced forward
+    leaves no tensor of its own behind in the model."""
     dtype = next(p for p in model.parameters() if p.is_floating_point()).dtype
     for module in model.modules():
         if isinstance(module, RotaryEmbedding):
             module.tables(torch.zeros(1, dtype=torch.int64, device=module.inv_freq.device), dtype, max_position)
+        elif isinstance(module, RMSNorm):
+            module.constants_on(module.weight.device)

@@ -11,6 +11,7 @@ import torch
 
 from engine.forward_batch import ForwardBatch
 from engine.graphs.compiled import CompiledForward, compiled_forward
+from engine.graphs.exported import ExportedForward, exported_forward
 from engine.graphs.settings import GraphSettings
 
 
@@ -20,7 +21,7 @@ class GraphRunner:
         """max_width: the most new tokens per request this phase runs as a graph (decode and draft steps: 1,
         so a prefill of equal-length prompts stays eager); None: any."""
         if not settings.enabled:
-            raise ValueError("a GraphRunner needs graphs.mode=compile")
+            raise ValueError("a GraphRunner needs graphs.mode=compile or aot")
         self.model = model
         self.kv_pool = kv_pool
         self.req_to_token = req_to_token
@@ -29,7 +30,8 @@ class GraphRunner:
         self.capture_layers = tuple(capture_layers)
         self.max_width = max_width
         self.num_runs = 0  # forwards this runner ran as a graph (the phase's other forwards ran eager)
-        self._forwards: dict[bool, CompiledForward] = {}  # tree or not -> the shared compiled forward (held here)
+        # tree or not -> the shared compiled or exported forward (held here)
+        self._forwards: dict[bool, CompiledForward | ExportedForward] = {}
 
     def __repr__(self) -> str:
         return f"GraphRunner({self.phase}, {self.settings.mode})"
@@ -39,7 +41,7 @@ class GraphRunner:
         return (batch.batch_size <= self.settings.max_batch_size
                 and min(batch.extend_lens) == width == max(batch.extend_lens)
                 and (self.max_width is None or width <= self.max_width)
-                and max(batch.seq_lens) <= self.settings.max_context[-1])
+                and 2 <= max(batch.seq_lens) <= self.settings.max_context[-1])
 
     def run(self, batch: ForwardBatch, **model_inputs) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """(hidden [N, H], aux) of `batch` (which `fits`), as the eager forward computes them."""
@@ -53,10 +55,15 @@ class GraphRunner:
         return self.forward(bool(tree))(batch.input_ids.view(b, w), batch.positions.view(b, w),
                                         batch.out_cache_loc.view(b, w), context_slots, **tree, **model_inputs)
 
-    def forward(self, tree: bool) -> CompiledForward:
+    def forward(self, tree: bool) -> CompiledForward | ExportedForward:
         if tree not in self._forwards:
-            self._forwards[tree] = compiled_forward(self.model, self.kv_pool, self.capture_layers, tree,
-                                                    self.req_to_token.shape[1] - 1, self.settings.cache_dir)
+            max_position = self.req_to_token.shape[1] - 1
+            if self.settings.mode == "aot":
+                self._forwards[tree] = exported_forward(self.model, self.kv_pool, self.capture_layers, tree, max_position,
+                                                        self.settings.max_batch_size, self.settings.cache_dir)
+            else:
+                self._forwards[tree] = compiled_forward(self.model, self.kv_pool, self.capture_layers, tree,
+                                                        max_position, self.settings.cache_dir)
         return self._forwards[tree]
 
     def warmup(self, batch_size: int, width: int, tree: bool = False, **model_inputs) -> None:

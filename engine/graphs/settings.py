@@ -1,7 +1,9 @@
 """GraphSettings: how forwards run as graphs, from the `graphs` config group.
 
-`mode`: `eager` (no graphs), `compile` (inductor-compiled forwards), `auto` (`compile` on CPU, where it
-measured faster than eager; eager on other devices, where graph capture is not built yet).
+`mode`: `eager` (no graphs), `compile` (inductor-compiled forwards, traced by Dynamo in each process),
+`aot` (AOTInductor packages compiled once and loaded from `cache_dir` by later runs: `exported.py`),
+`auto` (`aot` on CPU, where it measured fastest; eager on other devices, where graph capture is not
+built yet).
 `batch_sizes`: batches up to the largest run as graphs, larger ones eager. A compiled forward takes any
 batch size and context (its sizes are symbolic), so nothing is padded; `max_context` bounds the
 context a graph reads (a longer sequence runs eager). `warmup` (read by the containers): compile every
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 
 from engine.errors import ConfigError
 
-MODES = ("auto", "compile", "eager")
+MODES = ("auto", "aot", "compile", "eager")
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,7 @@ def graph_settings(graphs: dict, device_type: str) -> GraphSettings:
     if mode not in MODES:
         raise ConfigError(f"graphs.mode must be one of {list(MODES)}, got {mode!r}")
     if mode == "auto":
-        mode = "compile" if device_type == "cpu" else "eager"
+        mode = "aot" if device_type == "cpu" else "eager"
     if not isinstance(graphs.get("warmup", True), bool):
         raise ConfigError(f"graphs.warmup must be true or false, got {graphs['warmup']!r}")
     cache_dir = graphs["cache_dir"]

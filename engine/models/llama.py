@@ -32,7 +32,7 @@ class RMSNorm(nn.Module):
         dtype = x.dtype
         if dtype != torch.float32:
             x = x.float()
-        size, eps = self._constants_on(x.device)
+        size, eps = self.constants_on(x.device)
         hidden = x.shape[-1]
         square_sum = (x * x).sum(-1, keepdim=True)
         if hidden & (hidden - 1) == 0:
@@ -45,7 +45,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.weight * self.normalize(x)
 
-    def _constants_on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def constants_on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         if self._constants is None or self._constants[0].device != device:
             self._constants = (torch.tensor(float(self.weight.shape[0]), device=device),
                                torch.tensor(self.eps, device=device))
