@@ -8,6 +8,7 @@ Every lossless test runs with them too: `EYAS_TEST_GRAPHS=aot python -m pytest t
 import logging
 
 import pytest
+import torch
 
 from checkpoints import write_llama
 from conftest import CHECKPOINTS, PROMPTS, engine_overrides
@@ -41,6 +42,20 @@ def test_aot_plain_decoding_equals_eager(gqa_checkpoint, plain_reference, aot_ca
         assert isinstance(forward, ExportedForward) and forward._fallback is None  # packages, not torch.compile
         assert eng.worker.graph.num_runs > 0 and eng.scheduler.kv.all_free()
     assert [o.token_ids for o in outs] == plain_reference(gqa_checkpoint, prompts, params)
+
+
+def test_a_package_reads_a_strided_view_as_its_values(gqa_checkpoint, aot_cache):
+    # a package reads its inputs row-major: inputs cut from wider tensors (a draft model's features, a
+    # column of a table) must reach it as their values (a view read as it lies in memory made NaNs)
+    with build_engine(engine_overrides(gqa_checkpoint, "none", *aot(aot_cache))) as eng, torch.inference_mode():
+        forward = eng.worker.graph.forward(False)
+        wide = torch.tensor([[5, 6], [7, 8], [9, 10]])
+        tokens, positions, slots = wide[:, :1], wide[:, 1:] - 5, torch.full((3, 8), -1)  # slot -1: the scratch row
+        assert not tokens.is_contiguous()
+        viewed, _ = forward(tokens, positions, torch.full((3, 1), -1), slots)
+        copied, _ = forward(tokens.contiguous(), positions.contiguous(), torch.full((3, 1), -1), slots)
+        assert forward.shapes_seen == {(True, True), (False, True)} and forward._fallback is None
+    assert torch.equal(viewed, copied)
 
 
 @pytest.mark.slow  # the target's and the head's packages of a speculative config: about 90 s cold

@@ -89,6 +89,10 @@ class ExportedForward:
         if self._fallback is not None:
             return self._fallback(tokens, positions, out_cache_loc, context_slots, **named)
         shape = (tokens.shape[0] == 1, tokens.shape[1] == 1)
+        # a package reads its inputs with the strides they were exported with (row-major): a view with
+        # others (a draft model's features cut from a wider tensor) is copied first
+        tokens, positions, out_cache_loc, context_slots = (t.contiguous() for t in (tokens, positions, out_cache_loc, context_slots))
+        named = {name: tensor.contiguous() for name, tensor in named.items()}
         names = sorted(named)
         package = self._packages.get(shape)
         if package is None:
