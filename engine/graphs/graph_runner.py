@@ -41,6 +41,7 @@ class GraphRunner:
         return (batch.batch_size <= self.settings.max_batch_size
                 and min(batch.extend_lens) == width == max(batch.extend_lens)
                 and (self.max_width is None or width <= self.max_width)
+                # aot packages are exported for contexts of 2 positions up (a size of 1 is a graph of its own)
                 and 2 <= max(batch.seq_lens) <= self.settings.max_context[-1])
 
     def run(self, batch: ForwardBatch, **model_inputs) -> tuple[torch.Tensor, list[torch.Tensor]]:
