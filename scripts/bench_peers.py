@@ -104,7 +104,8 @@ def parse_args() -> argparse.Namespace:
         if not name or not overrides:
             p.error(f"--eyas takes NAME=OVERRIDES, got {spec!r}")
         SYSTEMS[name], EYAS_OVERRIDES[name] = f"eyas {name}", overrides.split()
-        args.systems.append(name)
+        if name not in args.systems:  # named in --systems too: one row
+            args.systems.append(name)
     unknown = set(args.systems) - set(SYSTEMS)
     if unknown:
         p.error(f"unknown systems {sorted(unknown)}; allowed: {','.join(SYSTEMS)}")

@@ -11,14 +11,14 @@ from engine.cache.allocator import PageAllocator
 from engine.cache.kv_pool import PagedKVPool
 from engine.forward_batch import ForwardBatch
 from engine.models.config import load_model_config
-from engine.models.fused_linear import FusedLinear, choose_layouts
+from engine.models.fused_linear import DENSE_LAYOUTS, FusedLinear, choose_layouts
 from engine.models.loader import load_model
 from engine.models.rope import RotaryEmbedding
-from conftest import PLAIN
+from conftest import PLAIN, engine_overrides
 from test_attention import naive_attention
 
 
-@pytest.mark.parametrize("layout", ["transposed", "linear"])
+@pytest.mark.parametrize("layout", ["transposed", "linear", "onednn"])
 @pytest.mark.parametrize("bias", [False, True])
 def test_fused_linear_equals_its_members(layout, bias):
     torch.manual_seed(0)
@@ -31,6 +31,11 @@ def test_fused_linear_equals_its_members(layout, bias):
         fused.pack(layout)
         torch.testing.assert_close(fused(x), expected, atol=1e-6, rtol=1e-6)
         torch.testing.assert_close(fused(x, residual), expected + residual, atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(fused(x[:1]), expected[:1], atol=1e-6, rtol=1e-6)  # a decode's one row
+    if layout == "onednn":  # its own blocked copy: the members' weights are released, shapes kept
+        assert fused.kernel is not None and all(m.weight.is_meta and m.weight.shape == w.shape
+                                                for m, (w, _) in zip(members, originals))
+        return
     # the members keep the checkpoint's values, as views of the one packed tensor
     for m, (w, b) in zip(members, originals):
         assert torch.equal(m.weight, w) and m.weight.untyped_storage().data_ptr() == fused.weight.untyped_storage().data_ptr()
@@ -46,7 +51,9 @@ def test_unpacked_fused_linear_trains_its_members():
 def test_weight_layout_choices(gqa_checkpoint):
     shapes = {"qkv": (64, 128), "down": (128, 64)}
     assert choose_layouts(shapes, "linear", torch.float32, torch.device("cpu")) == {"qkv": "linear", "down": "linear"}
-    assert set(choose_layouts(shapes, "auto", torch.float32, torch.device("cpu")).values()) <= {"linear", "transposed"}
+    assert set(choose_layouts(shapes, "auto", torch.float32, torch.device("cpu")).values()) <= {"linear", "transposed", "onednn"}
+    assert set(choose_layouts(shapes, "auto", torch.float32, torch.device("cpu"), dense_only=True).values()) \
+        <= set(DENSE_LAYOUTS)
     with pytest.raises(ConfigError, match="model.weight_layout must be one of .*auto.*transposed.*linear"):
         choose_layouts(shapes, "columns", torch.float32, torch.device("cpu"))
     with pytest.raises(ConfigError, match="model.weight_layout"):
@@ -63,7 +70,7 @@ def test_loaded_model_keeps_checkpoint_tensors(gqa_checkpoint, layout):
     assert model.model.layers[0].self_attn.qkv.layout == layout
 
 
-@pytest.mark.parametrize("layout", ["transposed", "linear"])
+@pytest.mark.parametrize("layout", ["transposed", "linear", "onednn"])
 def test_greedy_output_same_in_every_layout(gqa_checkpoint, layout):
     params = SamplingParams(max_new_tokens=12, ignore_eos=True)
     prompts = [[5, 9, 2, 44], [17, 3, 3, 8, 120, 6]]
@@ -72,6 +79,48 @@ def test_greedy_output_same_in_every_layout(gqa_checkpoint, layout):
         with build_engine([*PLAIN, f"model.path={gqa_checkpoint}", f"model.weight_layout={name}"]) as eng:
             outs[name] = [o.token_ids for o in eng.generate(prompt_token_ids=prompts, sampling=params)]
     assert outs["auto"] == outs[layout]
+
+
+def test_onednn_layout_is_refused_where_it_cannot_run(gqa_checkpoint):
+    with pytest.raises(ConfigError, match="model.weight_layout=onednn runs float32 weights.*bfloat16"):
+        build_engine([*PLAIN, f"model.path={gqa_checkpoint}", "model.weight_layout=onednn", "model.dtype=bfloat16"])
+    with pytest.raises(ConfigError, match="model.weight_layout=onednn keeps weights no compiled graph can take.*graphs.mode"):
+        build_engine([*PLAIN, f"model.path={gqa_checkpoint}", "model.weight_layout=onednn", "graphs.mode=compile"])
+
+
+def fused_layouts(model) -> set:
+    return {v.layout for m in model.modules() for v in vars(m).values() if isinstance(v, FusedLinear)}
+
+
+@pytest.mark.parametrize("mode", ["eager", "compile"])
+def test_models_of_compiled_graphs_keep_dense_layouts(spec_pair, monkeypatch, mode):
+    """Where onednn times fastest, `auto` takes it in eager runs and leaves it out of compiled graphs'
+    models (target and head)."""
+    from engine.models import fused_linear
+    monkeypatch.setattr(fused_linear, "_MEASURED", {})
+    monkeypatch.setattr(fused_linear, "measure_layout",
+                        lambda *shape, dense_only=False, **_: "linear" if dense_only else "onednn")
+    target, heads = spec_pair
+    overrides = engine_overrides(target, "eagle3", f"graphs.mode={mode}", "graphs.warmup=false", head=heads["eagle3"])
+    with build_engine(overrides) as eng:
+        for model in (eng.worker.target_runner.model, eng.worker.drafter.head.model):
+            assert fused_layouts(model) == ({"onednn"} if mode == "eager" else {"linear"})
+
+
+@pytest.mark.parametrize("shape", [dict(num_steps=3), dict(num_steps=3, topk=2, nodes=6)], ids=["chain", "tree"])
+@pytest.mark.parametrize("algorithm", ["eagle", "eagle3"])
+def test_speculation_in_the_onednn_layout_equals_its_plain_decoding(spec_pair, plain_reference, algorithm, shape):
+    target, heads = spec_pair
+    params = SamplingParams(max_new_tokens=24, ignore_eos=True)
+    prompts = [[5, 9, 2, 44], [17, 3, 3, 8, 120, 6], [7] * 12]
+    with build_engine(engine_overrides(target, algorithm, "model.weight_layout=onednn", head=heads[algorithm],
+                                       **shape)) as eng:
+        assert fused_layouts(eng.worker.target_runner.model) == {"onednn"}
+        assert "onednn" in fused_layouts(eng.worker.drafter.head.model)
+        got = [o.token_ids for o in eng.generate(prompt_token_ids=prompts, sampling=params)]
+        accepted = eng.metrics()["mean_accept_length"]
+    assert got == plain_reference(target, prompts, params, "model.weight_layout=onednn")
+    assert accepted > 1.2  # the drafts were taken, not all refused
 
 
 def test_rope_tables_from_the_cache_equal_direct_ones(gqa_checkpoint):

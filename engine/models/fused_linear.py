@@ -7,10 +7,12 @@ tensor, and the member modules' parameters become views of that tensor, so the m
 `state_dict` keep the checkpoint's names and values and nothing is stored twice.
 
 Layouts: `"transposed"` keeps the weight as [in, out] and runs `x @ W` (`addmm` when a residual or a
-bias is added); `"linear"` keeps [out, in] and runs `F.linear`. `measure_layout` times both for a
-weight shape at a few row counts and returns the faster. A compressed format (`"fp16"`, or a
-`Quantization`: see `weight_formats`) stores the fused weight in fewer bytes with its own kernel; the
-members' float weights are then released (left as meta tensors that keep their shape and dtype).
+bias is added); `"linear"` keeps [out, in] and runs `F.linear`; `"onednn"` (float32 on CPU) keeps it in
+oneDNN's blocked layout and runs oneDNN's GEMM (`onednn_weights`). `measure_layout` times them for a
+weight shape at a few row counts and returns the fastest. A compressed format (`"fp16"`, or a
+`Quantization`: see `weight_formats`) stores the fused weight in fewer bytes with its own kernel. With
+a kernel of its own (`onednn` or compressed) the members' float weights are released (left as meta
+tensors that keep their shape and dtype).
 """
 
 import time
@@ -20,9 +22,11 @@ from torch import nn
 from torch.nn import functional as F
 
 from engine.errors import ConfigError
+from engine.models.onednn_weights import OneDnnWeights, onednn_available
 from engine.models.weight_formats import Quantization, compressed_weights, fbgemm_available, fp16_fits
 
-LAYOUTS = ("transposed", "linear")
+LAYOUTS = ("transposed", "linear", "onednn")
+DENSE_LAYOUTS = ("transposed", "linear")  # the layouts a compiled graph can take as inputs
 
 
 class FusedLinear:
@@ -31,7 +35,7 @@ class FusedLinear:
         self.weight: torch.Tensor | None = None  # packed: [in, out] (transposed) or [out, in] (linear)
         self.bias: torch.Tensor | None = None  # packed: [out]
         self.layout: str | Quantization | None = None
-        self.kernel = None  # a compressed format's weights and kernel: x [N, in] -> [N, out]
+        self.kernel = None  # onednn's or a compressed format's weights and kernel: x [N, in] -> [N, out]
 
     @property
     def out_features(self) -> int:
@@ -39,10 +43,10 @@ class FusedLinear:
 
     def pack(self, layout: "str | Quantization", release: bool = True) -> None:
         """Fuse the member weights into one tensor in `layout`; the members' parameters become views of it.
-        A compressed layout keeps its own copy and releases the members' weights unless `release` is
-        false (a tied lm_head's weight is the embedding's)."""
-        if isinstance(layout, Quantization) or layout == "fp16":
-            return self._pack_compressed(layout, release)
+        A layout with its own kernel (onednn, compressed) keeps its own copy and releases the members'
+        weights unless `release` is false (a tied lm_head's weight is the embedding's)."""
+        if isinstance(layout, Quantization) or layout in ("fp16", "onednn"):
+            return self._pack_with_kernel(layout, release)
         if layout not in LAYOUTS:
             raise ValueError(f"weight layout must be one of {list(LAYOUTS)}, got {layout!r}")
         if layout == "linear" and len(self.linears) == 1:  # already in place (a tied lm_head stays tied)
@@ -65,14 +69,15 @@ class FusedLinear:
             start = end
         self.weight, self.bias, self.layout = weight, bias, layout
 
-    def _pack_compressed(self, layout: "str | Quantization", release: bool) -> None:
+    def _pack_with_kernel(self, layout: "str | Quantization", release: bool) -> None:
         with torch.no_grad():
             weight = torch.cat([linear.weight for linear in self.linears], dim=0)  # [out, in]
             has_bias = self.linears[0].bias is not None
             bias = torch.cat([linear.bias for linear in self.linears]) if has_bias else None
         if layout == "fp16" and not fp16_fits(weight):
             return self.pack("linear")  # a weight beyond float16's range keeps the dense kernel
-        self.kernel, self.layout = compressed_weights(weight, bias, layout), layout
+        self.kernel = OneDnnWeights(weight, bias) if layout == "onednn" else compressed_weights(weight, bias, layout)
+        self.layout = layout
         if release:
             for linear in self.linears:
                 linear.weight = nn.Parameter(torch.empty_like(linear.weight, device="meta"), requires_grad=False)
@@ -81,6 +86,8 @@ class FusedLinear:
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """x: [N, in] -> [N, out] (+ residual [N, out])."""
+        if isinstance(self.kernel, OneDnnWeights):
+            return self.kernel(x, residual)
         if self.kernel is not None:
             out = self.kernel(x)
             return out if residual is None else out.add_(residual)
@@ -103,29 +110,40 @@ def _detached(tensor: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def measure_layout(in_features: int, out_features: int, dtype: torch.dtype, device: torch.device,
-                   rows: tuple[int, ...] = (1, 4, 8), repeats: int = 20) -> str:
-    """The layout whose GEMM is faster for this weight shape, timed here at the given row counts
-    (decode and verify widths). Ties (within 5%) keep `transposed`."""
+                   rows: tuple[int, ...] = (1, 4, 8), repeats: int = 20, dense_only: bool = False,
+                   model_bytes: int = 0) -> str:
+    """The layout whose GEMM is fastest for this weight shape, timed here at the given row counts
+    (decode and verify widths); `dense_only` leaves `onednn` out. A layout must beat `transposed` by
+    5% to be chosen. The calls cycle through copies of the weight that add up to `model_bytes` (the
+    model's projections, capped), so a weight is timed read from where a forward finds it: cache for a
+    model that fits in it, memory for one that does not."""
     if device.type != "cpu":
         return "linear"  # GPU GEMMs take either layout at full speed; keep the checkpoint's
-    weight = torch.randn(out_features, in_features, dtype=dtype, device=device)
-    weight_t = weight.t().contiguous()
+    weight_bytes = in_features * out_features * torch.finfo(dtype).bits // 8
+    copies = max(1, min(model_bytes, _MAX_MEASURED_BYTES) // weight_bytes)
+    weights = [torch.randn(out_features, in_features, dtype=dtype, device=device) for _ in range(copies)]
     inputs = [torch.randn(m, in_features, dtype=dtype, device=device) for m in rows]
-    candidates = {"transposed": lambda x: torch.mm(x, weight_t), "linear": lambda x: F.linear(x, weight)}
+    kernels = {"transposed": [w.t().contiguous() for w in weights], "linear": weights}
+    calls = {"transposed": torch.mm, "linear": lambda x, w: F.linear(x, w)}
+    if not dense_only and onednn_available(dtype, device):
+        kernels["onednn"], calls["onednn"] = [OneDnnWeights(w, None) for w in weights], lambda x, w: w(x)
     best = {}
-    for name, fn in candidates.items():
-        for x in inputs:  # warm up
-            fn(x)
-    for _ in range(3):  # interleave rounds so a burst of load hits both layouts
-        for name, fn in candidates.items():
-            start = time.perf_counter()
-            for _ in range(repeats):
-                for x in inputs:
-                    fn(x)
-            best[name] = min(best.get(name, float("inf")), time.perf_counter() - start)
-    return "linear" if best["linear"] < 0.95 * best["transposed"] else "transposed"
+    with torch.inference_mode():
+        for name, call in calls.items():
+            for x in inputs:  # warm up
+                call(x, kernels[name][0])
+        for _ in range(3):  # interleave rounds so a burst of load hits every layout alike
+            for name, call in calls.items():
+                start = time.perf_counter()
+                for i in range(repeats):
+                    for j, x in enumerate(inputs):
+                        call(x, kernels[name][(i * len(inputs) + j) % copies])
+                best[name] = min(best.get(name, float("inf")), time.perf_counter() - start)
+    fastest = min(best, key=best.get)
+    return fastest if best[fastest] < 0.95 * best["transposed"] else "transposed"
 
 
+_MAX_MEASURED_BYTES = 256 << 20  # more than a CPU's last-level cache: the copies are read from memory
 _MAX_MEASURED_NUMEL = 1 << 24  # larger weights run compute-bound GEMMs: either layout, no timing needed
 # measured choices, kept for the process: every engine built here packs a shape alike, so two engines
 # over one checkpoint (plain and speculative, say) compute the same logits
@@ -133,22 +151,32 @@ _MEASURED: dict[tuple, str] = {}
 
 
 def choose_layouts(shapes: dict[str, tuple[int, int]], weight_layout: str, dtype: torch.dtype,
-                   device: torch.device) -> dict[str, str]:
+                   device: torch.device, dense_only: bool = False, model_bytes: int = 0) -> dict[str, str]:
     """Layout per projection name (`shapes`: name -> (in_features, out_features)). `weight_layout` is
     `auto` (each distinct shape timed here once per process; a half-precision model on CPU gets `fp16`
-    where fbgemm is built in: see `weight_formats.Fp16Weights`), or one of `LAYOUTS` for every projection."""
+    where fbgemm is built in: see `weight_formats.Fp16Weights`), or one of `LAYOUTS` for every projection.
+    `dense_only`: the model runs in compiled graphs, which take dense weights only. `model_bytes`: the
+    bytes of all the model's projections, for timing each shape where a forward reads it from."""
     if weight_layout == "auto" and dtype in (torch.bfloat16, torch.float16) and device.type == "cpu" \
             and fbgemm_available():
         return dict.fromkeys(shapes, "fp16")
     if weight_layout != "auto":
         if weight_layout not in LAYOUTS:
             raise ConfigError(f"model.weight_layout must be one of {['auto', *LAYOUTS]}, got {weight_layout!r}")
+        if weight_layout == "onednn" and dense_only:
+            raise ConfigError("model.weight_layout=onednn keeps weights no compiled graph can take as inputs; with "
+                              "graphs.mode compile or aot set model.weight_layout to auto, transposed or linear "
+                              "(or graphs.mode=eager)")
+        if weight_layout == "onednn" and not onednn_available(dtype, device):
+            raise ConfigError(f"model.weight_layout=onednn runs float32 weights on a CPU with oneDNN; this model is "
+                              f"{str(dtype).removeprefix('torch.')} on {device.type}: set model.weight_layout=auto")
         return {name: weight_layout for name in shapes}
     layouts = {}
     for name, shape in shapes.items():
-        key = (shape, dtype, device.type, torch.get_num_threads())
+        key = (shape, dtype, device.type, torch.get_num_threads(), dense_only, min(model_bytes, _MAX_MEASURED_BYTES))
         if key not in _MEASURED:
             small = shape[0] * shape[1] <= _MAX_MEASURED_NUMEL
-            _MEASURED[key] = measure_layout(*shape, dtype, device) if small else "linear"
+            _MEASURED[key] = measure_layout(*shape, dtype, device, dense_only=dense_only,
+                                            model_bytes=model_bytes) if small else "linear"
         layouts[name] = _MEASURED[key]
     return layouts
