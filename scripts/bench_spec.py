@@ -62,12 +62,12 @@ class GemmRecorder:
 
         def record_fused(proj, x, residual=None):
             if recorder.labels:
-                recorder.calls[recorder.labels[0]].append((proj, x.shape[0], x.shape[1], residual is not None))
+                recorder.calls[recorder.labels[0]].append((proj, x.shape[0], x.shape[1], residual is not None, x.dtype))
             return fused(proj, x, residual)
 
         def record_linear(module, x):
             if recorder.labels:
-                recorder.calls[recorder.labels[0]].append((module, x.numel() // x.shape[-1], x.shape[-1], False))
+                recorder.calls[recorder.labels[0]].append((module, x.numel() // x.shape[-1], x.shape[-1], False, x.dtype))
             return linear(module, x)
 
         FusedLinear.__call__, torch.nn.Linear.forward = record_fused, record_linear
@@ -89,12 +89,12 @@ class GemmRecorder:
         calls = self.calls.get(label)
         if not calls or not count:
             return float("nan")
-        dtype = calls[0][0].weight.dtype
-        inputs = {(rows, width): torch.randn(rows, width, dtype=dtype) for _, rows, width, _ in calls}
+        dtype = calls[0][-1]  # the inputs' (a weight in a kernel's own layout has no dense tensor to ask)
+        inputs = {(rows, width): torch.randn(rows, width, dtype=dtype) for _, rows, width, _, _ in calls}
         residuals = {(rows, c.out_features): torch.randn(rows, c.out_features, dtype=dtype)
-                     for c, rows, _, has in calls if has}
+                     for c, rows, _, has, _ in calls if has}
         replay = [(c, inputs[rows, width], residuals[rows, c.out_features] if has else None)
-                  for c, rows, width, has in calls]
+                  for c, rows, width, has, _ in calls]
         for c, x, r in replay[: min(len(replay), 200)]:  # warm up
             self._run(c, x, r)
         start = time.perf_counter()

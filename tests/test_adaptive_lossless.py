@@ -16,7 +16,7 @@ from engine.speculative.candidate import Candidate
 from engine.speculative.phase_clock import CATCH_UP_PHASE, HOST_PHASE
 
 # unequal lengths: the batch shrinks 5 -> 1 as requests finish, crossing tiers
-PARAMS = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (60, 24, 44, 12, 52)]
+PARAMS = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (90, 24, 44, 12, 52)]
 TIERS = "adaptive.tiers=[{batch_size:2,candidates:[0,1,3,5]},{batch_size:8,candidates:[0,2,4]}]"
 TREE_TIERS = ("adaptive.tiers=[{batch_size:4,candidates:[1,3,{num_steps:3,topk:2,num_draft_tokens:6},"
               "{num_steps:4,topk:4,num_draft_tokens:12}]},{batch_size:8,candidates:[0,2,{num_steps:2,topk:3,num_draft_tokens:7}]}]")

@@ -197,7 +197,7 @@ def test_preemption_and_eviction_under_a_tight_pool_keep_outputs(spec_pair):
     prompts = [system + [rng.randrange(2, 320) for _ in range(rng.randrange(1, 20))] for _ in range(24)]
     params = [SamplingParams(max_new_tokens=rng.randrange(4, 30), temperature=rng.choice([0.0, 0.8]), seed=i,
                              ignore_eos=True) for i in range(24)]
-    base = engine_overrides(target, "eagle", "cache.page_size=4", "cache.max_total_tokens=400",
+    base = engine_overrides(target, "eagle", "cache.page_size=4", "cache.max_total_tokens=320",
                             "cache.max_running_requests=12", head=heads["eagle"])
     runs = {}
     for caching in ("true", "false"):
