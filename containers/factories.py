@@ -210,11 +210,6 @@ def graph_settings_for(graphs: dict, device: torch.device) -> GraphSettings:
     return graph_settings(graphs, device.type)
 
 
-def graphs_enabled(graphs: dict, device: torch.device) -> bool:
-    """Whether forwards run as compiled graphs (their models then keep dense weight layouts)."""
-    return graph_settings(graphs, device.type).enabled
-
-
 def graph_runner(settings: GraphSettings, model, kv_pool: PagedKVPool, req_to_token: torch.Tensor, phase: str,
                  capture_layers: tuple[int, ...] = (), max_width: int | None = None) -> GraphRunner | None:
     """A runner of `phase`'s forwards as graphs; None when graphs are off (the phase runs eager)."""

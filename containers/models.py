@@ -15,7 +15,6 @@ class ModelContainer(containers.DeclarativeContainer):
         load_model, path=config.model.path, dtype=providers.Callable(factories.model_dtype, config.model.dtype),
         device=device, weight_layout=config.model.weight_layout, quantization=config.model.quantization,
         quantization_group_size=config.model.quantization_group_size,
-        dense_weights=providers.Callable(factories.graphs_enabled, config.graphs, device),
     )
     tokenizer = Singleton(factories.load_tokenizer, config.model.path)
     eos_token_ids = Singleton(factories.eos_token_ids, target_model, tokenizer)

@@ -44,7 +44,6 @@ class SpeculativeContainer(containers.DeclarativeContainer):
         dtype=config.draft.dtype, device=device, weight_layout=config.model.weight_layout,
         target_path=config.model.path, quantization=config.draft.quantization,
         quantization_group_size=config.draft.quantization_group_size,
-        dense_weights=providers.Callable(factories.graphs_enabled, config.graphs, device),
     )
     # the target layers whose input an EAGLE-3 head reads (none for other drafters)
     capture_layers = providers.Selector(

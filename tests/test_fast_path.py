@@ -11,7 +11,7 @@ from engine.cache.allocator import PageAllocator
 from engine.cache.kv_pool import PagedKVPool
 from engine.forward_batch import ForwardBatch
 from engine.models.config import load_model_config
-from engine.models.fused_linear import DENSE_LAYOUTS, FusedLinear, choose_layouts
+from engine.models.fused_linear import FusedLinear, choose_layouts
 from engine.models.loader import load_model
 from engine.models.rope import RotaryEmbedding
 from conftest import PLAIN, engine_overrides
@@ -52,8 +52,6 @@ def test_weight_layout_choices(gqa_checkpoint):
     shapes = {"qkv": (64, 128), "down": (128, 64)}
     assert choose_layouts(shapes, "linear", torch.float32, torch.device("cpu")) == {"qkv": "linear", "down": "linear"}
     assert set(choose_layouts(shapes, "auto", torch.float32, torch.device("cpu")).values()) <= {"linear", "transposed", "onednn"}
-    assert set(choose_layouts(shapes, "auto", torch.float32, torch.device("cpu"), dense_only=True).values()) \
-        <= set(DENSE_LAYOUTS)
     with pytest.raises(ConfigError, match="model.weight_layout must be one of .*auto.*transposed.*linear"):
         choose_layouts(shapes, "columns", torch.float32, torch.device("cpu"))
     with pytest.raises(ConfigError, match="model.weight_layout"):
@@ -84,27 +82,32 @@ def test_greedy_output_same_in_every_layout(gqa_checkpoint, layout):
 def test_onednn_layout_is_refused_where_it_cannot_run(gqa_checkpoint):
     with pytest.raises(ConfigError, match="model.weight_layout=onednn runs float32 weights.*bfloat16"):
         build_engine([*PLAIN, f"model.path={gqa_checkpoint}", "model.weight_layout=onednn", "model.dtype=bfloat16"])
-    with pytest.raises(ConfigError, match="model.weight_layout=onednn keeps weights no compiled graph can take.*graphs.mode"):
-        build_engine([*PLAIN, f"model.path={gqa_checkpoint}", "model.weight_layout=onednn", "graphs.mode=compile"])
 
 
 def fused_layouts(model) -> set:
     return {v.layout for m in model.modules() for v in vars(m).values() if isinstance(v, FusedLinear)}
 
 
-@pytest.mark.parametrize("mode", ["eager", "compile"])
-def test_models_of_compiled_graphs_keep_dense_layouts(spec_pair, monkeypatch, mode):
-    """Where onednn times fastest, `auto` takes it in eager runs and leaves it out of compiled graphs'
-    models (target and head)."""
-    from engine.models import fused_linear
-    monkeypatch.setattr(fused_linear, "_MEASURED", {})
-    monkeypatch.setattr(fused_linear, "measure_layout",
-                        lambda *shape, dense_only=False, **_: "linear" if dense_only else "onednn")
-    target, heads = spec_pair
-    overrides = engine_overrides(target, "eagle3", f"graphs.mode={mode}", "graphs.warmup=false", head=heads["eagle3"])
-    with build_engine(overrides) as eng:
-        for model in (eng.worker.target_runner.model, eng.worker.drafter.head.model):
-            assert fused_layouts(model) == ({"onednn"} if mode == "eager" else {"linear"})
+@pytest.mark.parametrize("mode", ["compile", "aot"])
+def test_graphs_run_the_onednn_layout_as_eager_does(gqa_checkpoint, tmp_path, mode):
+    """Compiled forwards take oneDNN's weights as inputs and call oneDNN's GEMM (aot: no fallback to
+    compile), and decode as the eager forward does, one request and a batch."""
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    prompts = [[5, 9, 2, 44], [17, 3, 3, 8, 120, 6], [7] * 12]
+    base = [*PLAIN, f"model.path={gqa_checkpoint}", "model.weight_layout=onednn"]
+    outs = {}
+    for name in ("eager", mode):
+        with build_engine([*base, f"graphs.mode={name}", f"graphs.cache_dir={tmp_path}"]) as eng:
+            outs[name] = [[o.token_ids for o in eng.generate(prompt_token_ids=p, sampling=params)]
+                          for p in (prompts[:1], prompts)]
+            assert fused_layouts(eng.worker.runner.model) == {"onednn"}
+            if name != "eager":
+                graph = eng.worker.graph
+                assert graph.num_runs > 0
+                if mode == "aot":  # run by packages, not by the compile fallback
+                    assert all(f._fallback is None for f in graph._forwards.values())
+                    assert list((tmp_path / "eyas-aot").glob("*.pt2"))
+    assert outs[mode] == outs["eager"]
 
 
 @pytest.mark.parametrize("shape", [dict(num_steps=3), dict(num_steps=3, topk=2, nodes=6)], ids=["chain", "tree"])

@@ -30,6 +30,7 @@ from engine.graphs.graph_attention import GraphAttention
 from engine.graphs.graph_forward import graph_forward
 from engine.graphs.tensor_places import NotExportable, standing_in, tensor_places
 from engine.models.fused_linear import FusedLinear
+from engine.models.onednn_weights import OneDnnWeights
 
 log = logging.getLogger("eyas.graphs")
 # (id(model), id(pool), capture layers, tree) -> its forward, while a runner holds it (it holds the model)
@@ -74,7 +75,8 @@ class ExportedForward:
         self._packages: dict[tuple[bool, bool], object] = {}
         self._fallback: CompiledForward | None = None
         try:
-            if any(isinstance(v, FusedLinear) and v.kernel is not None for m in model.modules() for v in vars(m).values()):
+            if any(isinstance(v, FusedLinear) and v.kernel is not None and not isinstance(v.kernel, OneDnnWeights)
+                   for m in model.modules() for v in vars(m).values()):
                 raise NotExportable("a compressed weight format runs its own kernel")
             found = tensor_places(model)
         except NotExportable as exc:
@@ -167,7 +169,8 @@ class ExportedForward:
 
     def _key(self, shape: tuple[bool, bool], inputs: tuple) -> str:
         tokens, positions, out_cache_loc, context_slots, k, v, tensors, named = inputs
-        described = lambda t: [str(t.dtype), list(t.shape), list(t.stride())]  # noqa: E731
+        described = lambda t: [str(t.dtype), list(t.shape), list(t.stride()) if t.layout == torch.strided  # noqa: E731
+                               else str(t.layout)]
         digest = hashlib.sha256()
         digest.update(json.dumps({
             "torch": torch.__version__, "model": type(self.model).__name__, "config": repr(self.model.config),

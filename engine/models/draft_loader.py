@@ -74,17 +74,16 @@ def _build_eagle3(directory: Path, raw: dict, config: ModelConfig, tensors: dict
 def load_draft(path: str | Path, kind: str, target: LlamaForCausalLM, dtype: str = "auto",
                device: str | torch.device = "cpu", weight_layout: str = "auto",
                target_path: str | Path | None = None, quantization: str = "none",
-               quantization_group_size: int = 128, dense_weights: bool = False) -> nn.Module:
+               quantization_group_size: int = 128) -> nn.Module:
     """Load the draft model at `path`: an EAGLE / EAGLE-3 head (`kind` eagle | eagle3), with the target's
     shared modules attached, or a small LM with the target's tokenizer (`kind` lm). `quantization`
-    stores the draft's own linear layers in int8 or int4 (an EAGLE-1/2 head's lm_head is the target's);
-    `dense_weights`: its forwards run as compiled graphs (dense weight layouts only)."""
+    stores the draft's own linear layers in int8 or int4 (an EAGLE-1/2 head's lm_head is the target's)."""
     if kind not in DRAFT_KINDS:
         raise CheckpointError(f"draft.kind {kind!r} is not a draft model; allowed: {list(DRAFT_KINDS)}")
     check_quantization(quantization, quantization_group_size, torch.device(device), "draft")
     if kind == "lm":
         return load_standalone_draft(path, target, dtype, device, weight_layout, target_path, quantization,
-                                     quantization_group_size, dense_weights)
+                                     quantization_group_size)
     directory = checkpoint_dir(path)
     raw = read_json(directory / "config.json")
     archs = raw.get("architectures") or []
@@ -111,5 +110,5 @@ def load_draft(path: str | Path, kind: str, target: LlamaForCausalLM, dtype: str
     model.rotary.reset(device)
     model.eval().requires_grad_(False)
     pack_for_inference(model, weight_layout, device, Quantization(quantization, quantization_group_size), "draft",
-                       dense_weights, runs_beside=target)
+                       runs_beside=target)
     return model

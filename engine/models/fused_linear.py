@@ -26,7 +26,6 @@ from engine.models.onednn_weights import OneDnnWeights, onednn_available
 from engine.models.weight_formats import Quantization, compressed_weights, fbgemm_available, fp16_fits
 
 LAYOUTS = ("transposed", "linear", "onednn")
-DENSE_LAYOUTS = ("transposed", "linear")  # the layouts a compiled graph can take as inputs
 
 
 class FusedLinear:
@@ -110,10 +109,9 @@ def _detached(tensor: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def measure_layout(in_features: int, out_features: int, dtype: torch.dtype, device: torch.device,
-                   rows: tuple[int, ...] = (1, 4, 8), repeats: int = 20, dense_only: bool = False,
-                   model_bytes: int = 0) -> str:
+                   rows: tuple[int, ...] = (1, 4, 8), repeats: int = 20, model_bytes: int = 0) -> str:
     """The layout whose GEMM is fastest for this weight shape, timed here at the given row counts
-    (decode and verify widths); `dense_only` leaves `onednn` out. A layout must beat `transposed` by
+    (decode and verify widths). A layout must beat `transposed` by
     5% to be chosen. The calls cycle through copies of the weight that add up to `model_bytes` (the
     model's projections, capped), so a weight is timed read from where a forward finds it: cache for a
     model that fits in it, memory for one that does not."""
@@ -125,7 +123,7 @@ def measure_layout(in_features: int, out_features: int, dtype: torch.dtype, devi
     inputs = [torch.randn(m, in_features, dtype=dtype, device=device) for m in rows]
     kernels = {"transposed": [w.t().contiguous() for w in weights], "linear": weights}
     calls = {"transposed": torch.mm, "linear": lambda x, w: F.linear(x, w)}
-    if not dense_only and onednn_available(dtype, device):
+    if onednn_available(dtype, device):
         kernels["onednn"], calls["onednn"] = [OneDnnWeights(w, None) for w in weights], lambda x, w: w(x)
     best = {}
     with torch.inference_mode():
@@ -151,32 +149,26 @@ _MEASURED: dict[tuple, str] = {}
 
 
 def choose_layouts(shapes: dict[str, tuple[int, int]], weight_layout: str, dtype: torch.dtype,
-                   device: torch.device, dense_only: bool = False, model_bytes: int = 0) -> dict[str, str]:
+                   device: torch.device, model_bytes: int = 0) -> dict[str, str]:
     """Layout per projection name (`shapes`: name -> (in_features, out_features)). `weight_layout` is
     `auto` (each distinct shape timed here once per process; a half-precision model on CPU gets `fp16`
     where fbgemm is built in: see `weight_formats.Fp16Weights`), or one of `LAYOUTS` for every projection.
-    `dense_only`: the model runs in compiled graphs, which take dense weights only. `model_bytes`: the
-    bytes of all the model's projections, for timing each shape where a forward reads it from."""
+    `model_bytes`: the bytes of the model's weights, for timing each shape where a forward reads it from."""
     if weight_layout == "auto" and dtype in (torch.bfloat16, torch.float16) and device.type == "cpu" \
             and fbgemm_available():
         return dict.fromkeys(shapes, "fp16")
     if weight_layout != "auto":
         if weight_layout not in LAYOUTS:
             raise ConfigError(f"model.weight_layout must be one of {['auto', *LAYOUTS]}, got {weight_layout!r}")
-        if weight_layout == "onednn" and dense_only:
-            raise ConfigError("model.weight_layout=onednn keeps weights no compiled graph can take as inputs; with "
-                              "graphs.mode compile or aot set model.weight_layout to auto, transposed or linear "
-                              "(or graphs.mode=eager)")
         if weight_layout == "onednn" and not onednn_available(dtype, device):
             raise ConfigError(f"model.weight_layout=onednn runs float32 weights on a CPU with oneDNN; this model is "
                               f"{str(dtype).removeprefix('torch.')} on {device.type}: set model.weight_layout=auto")
         return {name: weight_layout for name in shapes}
     layouts = {}
     for name, shape in shapes.items():
-        key = (shape, dtype, device.type, torch.get_num_threads(), dense_only, min(model_bytes, _MAX_MEASURED_BYTES))
+        key = (shape, dtype, device.type, torch.get_num_threads(), min(model_bytes, _MAX_MEASURED_BYTES))
         if key not in _MEASURED:
             small = shape[0] * shape[1] <= _MAX_MEASURED_NUMEL
-            _MEASURED[key] = measure_layout(*shape, dtype, device, dense_only=dense_only,
-                                            model_bytes=model_bytes) if small else "linear"
+            _MEASURED[key] = measure_layout(*shape, dtype, device, model_bytes=model_bytes) if small else "linear"
         layouts[name] = _MEASURED[key]
     return layouts

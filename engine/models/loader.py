@@ -89,17 +89,17 @@ def assign_state(module: torch.nn.Module, tensors: dict, dtype: torch.dtype, dev
 
 
 def pack_for_inference(model: torch.nn.Module, weight_layout: str, device: torch.device,
-                       quantization: Quantization | None = None, field: str = "model", dense_weights: bool = False,
+                       quantization: Quantization | None = None, field: str = "model",
                        runs_beside: torch.nn.Module | None = None) -> None:
     """Fuse the model's projections in the layout `weight_layout` names (`auto`: timed here), or store
     them quantized (`quantization`, checked against the model's shapes; `field` names its config).
-    `dense_weights`: the model runs in compiled graphs (dense layouts only). `runs_beside`: the model
-    whose forwards alternate with this one's (a draft's target), so both share the cache."""
+    `runs_beside`: the model whose forwards alternate with this one's (a draft's target): the layouts
+    are timed with both models' bytes in play."""
     dtype = next(p for p in model.parameters() if p.is_floating_point()).dtype
     shapes = model.projection_shapes()
     if quantization is None or quantization.scheme == "none":
         model_bytes = sum(matrix_bytes(m) for m in (model, runs_beside) if m is not None)
-        return model.pack(choose_layouts(shapes, weight_layout, dtype, device, dense_weights, model_bytes))
+        return model.pack(choose_layouts(shapes, weight_layout, dtype, device, model_bytes))
     check_quantization(quantization.scheme, quantization.group_size, device, field)
     if quantization.scheme == "int4":
         check_int4_shapes(shapes, quantization.group_size, field)
@@ -113,11 +113,10 @@ def matrix_bytes(model: torch.nn.Module) -> int:
 
 def load_model(path: str | Path, dtype: str = "auto", device: str | torch.device = "cpu",
                weight_layout: str = "auto", quantization: str = "none", quantization_group_size: int = 128,
-               field: str = "model", dense_weights: bool = False,
-               runs_beside: torch.nn.Module | None = None) -> LlamaForCausalLM:
+               field: str = "model", runs_beside: torch.nn.Module | None = None) -> LlamaForCausalLM:
     """A checkpoint directory as a packed inference model; `quantization` (one of `SCHEMES`) stores its
     linear layers in int8 or int4 (`field` names the config those settings came from in errors);
-    `dense_weights` and `runs_beside` as `pack_for_inference` takes them."""
+    `runs_beside` as `pack_for_inference` takes it."""
     directory = checkpoint_dir(path)
     check_quantization(quantization, quantization_group_size, torch.device(device), field)
     config: ModelConfig = load_model_config(directory)
@@ -137,5 +136,5 @@ def load_model(path: str | Path, dtype: str = "auto", device: str | torch.device
     model.model.rotary.reset(device)
     model.eval().requires_grad_(False)
     pack_for_inference(model, weight_layout, device, Quantization(quantization, quantization_group_size), field,
-                       dense_weights, runs_beside)
+                       runs_beside)
     return model

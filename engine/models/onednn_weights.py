@@ -7,11 +7,13 @@ once per call. Measured on the shipped target's 85 projections (42 MB of float32
 2-core AMD EPYC): 1 row 3.6 -> 2.5 ms, 8 rows 7.2 -> 2.5 ms, 48 rows 15 -> 7 ms.
 
 The reordered tensor is opaque (`torch._mkldnn` layout): no view of it is a dense weight, so the
-members' float weights are released as the compressed formats release theirs, and a compiled graph
-cannot take it as an input (graph runners keep the dense layouts).
+members' float weights are released as the compressed formats release theirs. Compiled graphs take
+it as an input and call oneDNN through the op `eyas::onednn_linear` (`packed_ops`).
 """
 
 import torch
+
+from engine.models.packed_ops import onednn_linear
 
 
 def onednn_available(dtype: torch.dtype, device: torch.device) -> bool:
@@ -23,9 +25,14 @@ class OneDnnWeights:
         # weight: [out, in] float32 -> oneDNN's blocked layout (chosen for any row count)
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), None)
         self.bias = None if bias is None else bias.contiguous()
+        self.out_features = weight.shape[0]
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """x: [N, in] -> [N, out] (+ residual [N, out], added in the GEMM's epilogue)."""
+        if torch.compiler.is_compiling():  # the compiler fuses the adds into its own kernels
+            out = onednn_linear(x, self.packed, self.out_features)
+            out = out if self.bias is None else out + self.bias
+            return out if residual is None else out + residual
         if residual is None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [None], "")
         return torch.ops.mkldnn._linear_pointwise.binary(x, residual.contiguous(), self.packed, self.bias, "add")

@@ -49,12 +49,12 @@ class StandaloneDraftModel(nn.Module):
 def load_standalone_draft(path: str | Path, target: LlamaForCausalLM, dtype: str = "auto",
                           device: str | torch.device = "cpu", weight_layout: str = "auto",
                           target_path: str | Path | None = None, quantization: str = "none",
-                          quantization_group_size: int = 128, dense_weights: bool = False) -> StandaloneDraftModel:
+                          quantization_group_size: int = 128) -> StandaloneDraftModel:
     """Load the LM at `path`; it must have the target's vocabulary (and, where both ship one, its tokenizer)."""
     directory = checkpoint_dir(path)
     torch_dtype = str(target.lm_head.weight.dtype).removeprefix("torch.") if dtype == "auto" else dtype
     lm = load_model(directory, torch_dtype, device, weight_layout, quantization, quantization_group_size, "draft",
-                    dense_weights, runs_beside=target)
+                    runs_beside=target)
     if lm.config.vocab_size != target.config.vocab_size:
         raise CheckpointError(f"{directory}: the draft LM's vocab_size is {lm.config.vocab_size} but the target's is "
                               f"{target.config.vocab_size}: a standalone drafter needs the target's tokenizer "

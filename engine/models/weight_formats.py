@@ -25,14 +25,13 @@ against plain decoding of the same quantized model).
   absolute error under 2**-25, and a weight beyond float16's range keeps the dense bf16 kernel.
 """
 
-import itertools
 import warnings
-import weakref
 from dataclasses import dataclass
 
 import torch
 
 from engine.errors import ConfigError
+from engine.models.packed_ops import register_packed
 
 SCHEMES = ("none", "int8", "int4")
 INT4_GROUP_SIZES = (32, 64, 128, 256)
@@ -44,35 +43,6 @@ class Quantization:
     """What `FusedLinear.pack` stores a projection as: `scheme` one of SCHEMES; `group_size` for int4."""
     scheme: str
     group_size: int = 128
-
-
-# fbgemm's packed weights are opaque objects a compiled graph cannot take as inputs: graphs call them
-# through the ops below by handle (an int); a handle's entry goes when its weights are collected
-_PACKED: dict[int, object] = {}
-_HANDLES = itertools.count()
-
-
-def _register(owner, packed) -> int:
-    handle = next(_HANDLES)
-    _PACKED[handle] = packed
-    weakref.finalize(owner, _PACKED.pop, handle, None)
-    return handle
-
-
-@torch.library.custom_op("eyas::fbgemm_int8_linear", mutates_args=())
-def _fbgemm_int8_linear(x: torch.Tensor, handle: int, out_features: int) -> torch.Tensor:
-    return torch.ops.quantized.linear_dynamic(x, _PACKED[handle], True)
-
-
-@torch.library.custom_op("eyas::fbgemm_fp16_linear", mutates_args=())
-def _fbgemm_fp16_linear(x: torch.Tensor, handle: int, out_features: int) -> torch.Tensor:
-    return torch.ops.quantized.linear_dynamic_fp16(x, _PACKED[handle])
-
-
-@_fbgemm_int8_linear.register_fake
-@_fbgemm_fp16_linear.register_fake
-def _fbgemm_linear_shape(x: torch.Tensor, handle: int, out_features: int) -> torch.Tensor:
-    return x.new_empty(x.shape[0], out_features)
 
 
 def fbgemm_available() -> bool:
@@ -121,7 +91,7 @@ class Int8Weights:
             qweight = torch.quantize_per_channel(padded, scale.double(), torch.zeros(out_features, dtype=torch.long),
                                                  0, torch.qint8)
         self.packed = torch.ops.quantized.linear_prepack(qweight, None)
-        self.handle = _register(self, self.packed)
+        self.handle = register_packed(self, self.packed)
         self.bias = None if bias is None else bias.float()
         self.pins = torch.tensor([[1.0, -1.0]])  # [1, 2]: the row range every call quantizes against
         self.out_features = out_features
@@ -166,7 +136,7 @@ class Fp16Weights:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         # weight: [out, in] half precision -> fbgemm's packed float16 layout (bias added in the GEMM)
         self.packed = torch.ops.quantized.linear_prepack_fp16(weight.float(), None if bias is None else bias.float())
-        self.handle = _register(self, self.packed)
+        self.handle = register_packed(self, self.packed)
         self.out_features = weight.shape[0]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
