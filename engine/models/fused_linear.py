@@ -111,8 +111,7 @@ def _detached(tensor: torch.Tensor | None) -> torch.Tensor | None:
 def measure_layout(in_features: int, out_features: int, dtype: torch.dtype, device: torch.device,
                    rows: tuple[int, ...] = (1, 4, 8), repeats: int = 20, model_bytes: int = 0) -> str:
     """The layout whose GEMM is fastest for this weight shape, timed here at the given row counts
-    (decode and verify widths). A layout must beat `transposed` by
-    5% to be chosen. The calls cycle through copies of the weight that add up to `model_bytes` (the
+    (decode and verify widths); a layout must beat `transposed` by 5% to be chosen. The calls cycle through copies of the weight that add up to `model_bytes` (the
     model's projections, capped), so a weight is timed read from where a forward finds it: cache for a
     model that fits in it, memory for one that does not."""
     if device.type != "cpu":
@@ -141,7 +140,7 @@ def measure_layout(in_features: int, out_features: int, dtype: torch.dtype, devi
     return fastest if best[fastest] < 0.95 * best["transposed"] else "transposed"
 
 
-_MAX_MEASURED_BYTES = 256 << 20  # more than a CPU's last-level cache: the copies are read from memory
+_MAX_MEASURED_BYTES = 256 << 20  # beyond most CPUs' last-level cache: a larger model's copies are read from memory
 _MAX_MEASURED_NUMEL = 1 << 24  # larger weights run compute-bound GEMMs: either layout, no timing needed
 # measured choices, kept for the process: every engine built here packs a shape alike, so two engines
 # over one checkpoint (plain and speculative, say) compute the same logits
