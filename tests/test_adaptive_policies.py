@@ -141,6 +141,21 @@ def test_cycle_cost_line_through_every_measured_step_count():
     assert c.seconds(C(0), 1) == 4.0 and c.seconds(C(0), 4) == pytest.approx(16.0)  # scaled to a batch never measured
 
 
+
+def test_plain_decoding_cost_follows_the_machine_as_a_chains_does():
+    # plain decoding runs mostly in probes: a slow first cycle must not stay in its cost, which would
+    # make speculation look cheaper than it is; another drafter's bursty cycles settle slowly
+    from engine.speculative.adaptive.cycle_cost import CycleCostModel
+
+    c = CycleCostModel(ema_alpha=0.5, own_alpha=0.05)
+    other = Candidate(4, drafter="ngram")
+    for candidate in (C(0), other):
+        c.observe(candidate, 8, 1.9)  # the first cycle of a shape: slow
+        for _ in range(4):
+            c.observe(candidate, 8, 1.0)
+    assert c.seconds(C(0), 8) == pytest.approx(1.0 + 0.9 / 16)
+    assert c.seconds(other, 8) == pytest.approx(1.0 + 0.9 / 5)
+
 def test_cycle_cost_clips_a_stall():
     from engine.speculative.adaptive.cycle_cost import OUTLIER, CycleCostModel
 

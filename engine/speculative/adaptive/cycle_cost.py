@@ -6,9 +6,12 @@ candidate). A chain cycle at k >= 1 steps drafts k tokens and verifies k + 1, so
 linearly in k: the slope comes from a least-squares line through the averages of every k measured at
 that batch size, and the level from the k measured most recently. So one line serves every k: a k
 not run lately (or ever, once two others were) is estimated from the fresh level, and a drift of
-this machine's speed moves every k alike. A cycle at k = 0 (plain decoding) drafts nothing, and a
-tree shape or another drafter drafts and verifies on its own pattern: each is averaged on its own
-(a `SettlingAverage` of weight `own_alpha`). At a batch size not measured (for that candidate, or
+this machine's speed moves every k alike. A cycle at k = 0 (plain decoding) drafts nothing: it is
+averaged on its own with the chains' weight (its cost is as steady as theirs, and it runs mostly in
+probes, so a slower average would keep a cost from the machine's first, slow cycles and favour
+speculating). A tree shape or another drafter drafts and verifies on its own pattern, with cycles
+that differ more from one to the next: each is averaged on its own (a `SettlingAverage` of weight
+`own_alpha`). At a batch size not measured (for that candidate, or
 for any chain k >= 1 on the line), the nearest one that was is scaled in proportion.
 """
 
@@ -23,6 +26,10 @@ def _family(candidate):
     return LINE if candidate.is_configured_chain and candidate.num_steps > 0 else candidate
 
 
+def _is_plain(candidate) -> bool:
+    return candidate.is_configured_chain and candidate.num_steps == 0
+
+
 class CycleCostModel:
     def __init__(self, ema_alpha: float, own_alpha: float | None = None):
         self.alpha = ema_alpha
@@ -35,7 +42,7 @@ class CycleCostModel:
         key = (candidate, batch_size)
         old = self.mean.get(key)
         clipped = seconds if old is None else min(seconds, OUTLIER * old)
-        if _family(candidate) != LINE:
+        if _family(candidate) != LINE and not _is_plain(candidate):
             self.mean[key] = self._own.add(key, clipped)
         elif old is None:
             self.mean[key] = seconds
