@@ -61,12 +61,13 @@ class EngineContainer(containers.DeclarativeContainer):
     )
     decode_graph = Singleton(factories.graph_runner, graph_settings, models.target_model, cache.target_pool,
                              req_to_token, "decode", max_width=1)
+    exact_logprobs = providers.Callable(factories.exact_logprobs, config.attention.exact_logprobs, config.attention.backend)
     decode_worker = Singleton(DecodeWorker, runner=target_runner, req_to_token=req_to_token, sampler=sampler,
-                              graph=decode_graph)
+                              graph=decode_graph, exact_logprobs=exact_logprobs)
     spec_worker = Singleton(
         SpeculativeWorker, target_runner=target_runner, drafter=speculative.drafter, req_to_token=req_to_token,
         sampler=sampler, initial_state=speculative.runtime_state, verify=config.speculative.verify,
-        mask_drafts=config.speculative.mask_drafts,
+        mask_drafts=config.speculative.mask_drafts, exact_logprobs=exact_logprobs,
     )
 
     # adaptive speculation: one policy per batch-size tier, one prebuilt runtime state per candidate

@@ -197,6 +197,16 @@ def batch_invariant_attention(setting: bool | None, backend: str, quantization: 
     return bool(setting)
 
 
+def exact_logprobs(setting: bool | None, backend: str) -> bool:
+    """`attention.exact_logprobs`, resolved: null is on with the torch_native backend (the one that
+    attends a query on its own)."""
+    if setting is not None and not isinstance(setting, bool):
+        raise ConfigError(f"attention.exact_logprobs must be true, false or null, got {setting!r}")
+    if setting and backend != "torch_native":
+        raise ConfigError(f"attention.exact_logprobs=true needs attention.backend=torch_native, got {backend!r}")
+    return backend == "torch_native" if setting is None else setting
+
+
 def model_dtype_of(model) -> torch.dtype:
     return next(p for p in model.parameters() if p.is_floating_point()).dtype
 

@@ -19,6 +19,9 @@ class ForwardBatch:
     # tree attention: per-request row-major [E, E] blocks, packed flat (query j sees new token i);
     # None: causal over the new tokens. Every request sees its whole prefix either way.
     custom_mask: torch.Tensor | None = None
+    # exact: every position computed bit for bit as a one-token decode of it would be (batch-invariant
+    # attention, row-invariant GEMMs; eager): the forwards of requests that ask for logprobs
+    exact: bool = False
     # bound by the runner just before the forward
     kv_pool: object = field(default=None, repr=False)
     attn_backend: object = field(default=None, repr=False)
@@ -81,3 +84,9 @@ class ForwardBatch:
         out_cache_loc = req_to_token[row_t[:, None], columns].reshape(-1)
         return cls(tokens.reshape(-1), positions.reshape(-1), row_t, list(prefix_lens), [n] * b, out_cache_loc,
                    req_to_token, list(rows), custom_mask=mask.reshape(-1).contiguous())
+
+
+def wants_exact(requests) -> bool:
+    """A target forward over these requests runs `exact` when any of them asks for logprobs: its logprobs
+    are then plain decoding's bit for bit, under speculation too."""
+    return any(r.params.logprobs is not None for r in requests)

@@ -6,6 +6,7 @@ import torch
 
 from engine.cache.kv_pool import PagedKVPool
 from engine.forward_batch import ForwardBatch
+from engine.models.fused_linear import exact_rows
 
 
 @dataclass
@@ -43,19 +44,20 @@ class ModelRunner:
         """Run the model over `batch`; logits for `logits_indices` (default: each request's last token).
 
         The forward runs as `graph` (a `GraphRunner` of this model) when one is passed and the batch
-        fits it; else eagerly on `self.attn_backend`, or on the backend passed (the draft decode steps
+        fits it (and is not `exact`: see `ForwardBatch.exact`); else eagerly on `self.attn_backend`, or on the backend passed (the draft decode steps
         pass their per-step backend; everything else uses the bound one)."""
-        if graph is not None and graph.fits(batch):
-            hidden, aux = graph.run(batch, **model_inputs)
-        else:
-            hidden, aux = self._eager(batch, attn_backend, model_inputs)
-        if logits_indices is not None:
-            last = hidden[logits_indices]
-        elif hidden.shape[0] == batch.batch_size:  # one new token per request: every row is a last row
-            last = hidden
-        else:
-            last = hidden[batch.last_token_indices]
-        return ForwardOutput(self.model.compute_logits(last), hidden, aux)
+        with exact_rows(batch.exact):
+            if graph is not None and graph.fits(batch) and not batch.exact:
+                hidden, aux = graph.run(batch, **model_inputs)
+            else:
+                hidden, aux = self._eager(batch, attn_backend, model_inputs)
+            if logits_indices is not None:
+                last = hidden[logits_indices]
+            elif hidden.shape[0] == batch.batch_size:  # one new token per request: every row is a last row
+                last = hidden
+            else:
+                last = hidden[batch.last_token_indices]
+            return ForwardOutput(self.model.compute_logits(last), hidden, aux)
 
     def _eager(self, batch: ForwardBatch, attn_backend, model_inputs: dict) -> tuple[torch.Tensor, list[torch.Tensor]]:
         backend = self.attn_backend if attn_backend is None else attn_backend

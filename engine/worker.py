@@ -7,7 +7,7 @@ ride in the same forward.
 
 import torch
 
-from engine.forward_batch import ForwardBatch
+from engine.forward_batch import ForwardBatch, wants_exact
 from engine.request import Request
 from engine.runner import ModelRunner
 from engine.sampling import Sampler, SamplingBatch
@@ -15,8 +15,10 @@ from engine.shared_prefill import Siblings
 
 
 class DecodeWorker:
-    def __init__(self, runner: ModelRunner, req_to_token: torch.Tensor, sampler: Sampler, graph=None):
+    def __init__(self, runner: ModelRunner, req_to_token: torch.Tensor, sampler: Sampler, graph=None,
+                 exact_logprobs: bool = True):
         self.runner = runner
+        self.exact_logprobs = exact_logprobs  # logprobs requests' forwards run `exact` (ForwardBatch.exact)
         self.graph = graph  # the decode GraphRunner (one new token per request); None: eager
         self.req_to_token = req_to_token
         self.sampler = sampler
@@ -31,6 +33,7 @@ class DecodeWorker:
             [r.row for r in computed], [r.step_ids for r in computed],
             [r.num_computed for r in computed], self.req_to_token,
         )
+        batch.exact = self.exact_logprobs and wants_exact(requests)
         output = self.runner.forward(batch, graph=self.graph)
         if siblings.shared:
             siblings.copy_kv(requests, self.runner.kv_pool, self.req_to_token)

@@ -147,6 +147,10 @@ class AttentionConfig:
     # the target's decode and verify attend one query per call (torch_native), so a verified position is
     # computed bit for bit as a decode would: null = on for a quantized or half-precision target
     batch_invariant: Optional[bool] = None
+    # forwards that carry a logprobs request compute each position as a lone one-token decode would
+    # (batch-invariant attention, row-invariant GEMMs, eager), so logprobs equal plain decoding's bit
+    # for bit under speculation: null = on with torch_native
+    exact_logprobs: Optional[bool] = None
 
 
 @dataclass

@@ -11,7 +11,7 @@ from engine.cache.allocator import PageAllocator
 from engine.cache.kv_pool import PagedKVPool
 from engine.forward_batch import ForwardBatch
 from engine.models.config import load_model_config
-from engine.models.fused_linear import FusedLinear, choose_layouts
+from engine.models.fused_linear import FusedLinear, choose_layouts, exact_rows
 from engine.models.loader import load_model
 from engine.models.rope import RotaryEmbedding
 from conftest import PLAIN, engine_overrides
@@ -40,6 +40,23 @@ def test_fused_linear_equals_its_members(layout, bias):
     for m, (w, b) in zip(members, originals):
         assert torch.equal(m.weight, w) and m.weight.untyped_storage().data_ptr() == fused.weight.untyped_storage().data_ptr()
         assert b is None or torch.equal(m.bias, b)
+
+
+@pytest.mark.parametrize("layout", ["transposed", "linear", "onednn"])
+def test_exact_rows_compute_each_row_as_it_is_alone(layout):
+    # what makes a verify's logprobs a decode's bit for bit: under exact_rows every row of a call equals
+    # that row's call alone (dense GEMMs run a row per call; oneDNN's was found row-invariant or does too)
+    torch.manual_seed(0)
+    fused = FusedLinear([nn.Linear(256, 768, bias=False)])
+    x, residual = torch.randn(33, 256), torch.randn(33, 768)
+    with torch.inference_mode():
+        fused.pack(layout)
+        alone = torch.cat([fused(x[i:i + 1], residual[i:i + 1]) for i in range(33)])
+        with exact_rows():
+            for rows in (2, 4, 8, 9, 33):
+                assert torch.equal(fused(x[:rows], residual[:rows]), alone[:rows]), rows
+        with exact_rows(False):
+            torch.testing.assert_close(fused(x, residual), alone)
 
 
 def test_unpacked_fused_linear_trains_its_members():

@@ -77,6 +77,22 @@ def test_what_a_graph_cannot_run_runs_eager(gqa_checkpoint, plain_reference):
     assert [o.token_ids for o in outs] == plain_reference(gqa_checkpoint, PROMPTS[:3], GREEDY)
 
 
+def test_logprobs_requests_run_exact_and_eager_beside_graphed_ones(spec_pair):
+    """A forward that carries a logprobs request runs eager and exact (`ForwardBatch.exact`) under a
+    compiled engine too: its logprobs equal the compiled plain engine's bit for bit."""
+    target, heads = spec_pair
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True, logprobs=2)
+    runs = []
+    for algorithm in ("none", "eagle3"):
+        with build_engine(engine_overrides(target, algorithm, COMPILE, head=heads.get(algorithm))) as eng:
+            runs.append(eng.generate(PROMPTS[:2], params))
+            graphed = eng.worker.graph if algorithm == "none" else eng.worker.state.verify_graph
+            assert graphed.num_runs == 0  # every forward carried a logprobs request
+            eng.generate(PROMPTS[:2], GREEDY)
+            assert graphed.num_runs > 0
+    assert [(o.token_ids, o.logprobs) for o in runs[0]] == [(o.token_ids, o.logprobs) for o in runs[1]]
+
+
 def test_every_candidate_state_holds_its_own_verify_runner_built_in_scope(spec_pair):
     target, heads = spec_pair
     container = build_container(compose_config(engine_overrides(target, "eagle3", COMPILE, head=heads["eagle3"])))

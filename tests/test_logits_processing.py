@@ -127,8 +127,9 @@ def test_seeded_sampling_with_penalties_bias_and_min_p_equals_plain(spec_pair, d
 
 def test_logprobs_equal_transformers_and_are_the_same_under_speculation(spec_pair):
     """Each token's logprob and its 3 best alternatives: log_softmax of the processed logits / T at its
-    position (transformers' logits, processed by the reference), the same with a speculative engine
-    (up to float rounding of a different batch shape) for greedy and seeded sampled requests."""
+    position (transformers' logits, processed by the reference), and bit for bit the same with a
+    speculative engine (a tree verify), for greedy and seeded sampled requests: a forward that carries a
+    logprobs request computes each position as a one-token decode would (`ForwardBatch.exact`)."""
     from test_oracle import hf_model
 
     target, heads = spec_pair
@@ -155,11 +156,7 @@ def test_logprobs_equal_transformers_and_are_the_same_under_speculation(spec_pai
         spec = eng.generate(prompts, params)
         assert eng.metrics()["mean_accept_length"] > 1.2
     for s, o in zip(spec, plain):
-        assert s.token_ids == o.token_ids
-        for a, b in zip(s.logprobs, o.logprobs):
-            assert a.token_id == b.token_id and [t for t, _ in a.top] == [t for t, _ in b.top]
-            assert math.isclose(a.logprob, b.logprob, abs_tol=1e-5)
-            assert all(math.isclose(x, y, abs_tol=1e-5) for (_, x), (_, y) in zip(a.top, b.top))
+        assert s.token_ids == o.token_ids and s.logprobs == o.logprobs
 
 
 def test_n_samples_of_a_prompt_take_consecutive_seeds(spec_pair):
@@ -211,14 +208,17 @@ def test_token_ids_past_the_vocabulary_are_refused_before_anything_runs(gqa_chec
         assert not eng.has_work() and eng.scheduler.kv.all_free()
 
 
-def test_logprobs_are_bit_identical_with_row_invariant_kernels():
-    """A quantized target's kernels are row-invariant and its attention batch-invariant (the default
-    there), so a verify computes each position bit for bit as a decode does: equal logprobs, not close."""
+@pytest.mark.parametrize("weights", [[], ["model.weight_layout=transposed"], ["model.quantization=int8"]],
+                         ids=["auto", "transposed", "int8"])
+def test_logprobs_of_the_shipped_pair_are_bit_identical_under_speculation(weights):
+    """Forwards that carry a logprobs request attend batch-invariant and run row-invariant GEMMs (oneDNN's
+    and the quantized kernels as they are, a dense GEMM one row per call), so a verify computes each
+    position bit for bit as a decode does: equal logprobs, not close, in every weight format."""
     params = SamplingParams(max_new_tokens=24, logprobs=3, presence_penalty=0.3, ignore_eos=True)
     prompts = ["def fibonacci(n):", "import os\n"]
     runs = []
     for overrides in (["speculative=none", "draft=none"], ["adaptive=off", "speculative.num_steps=3"]):
-        with build_engine(["model.quantization=int8", *overrides]) as eng:
+        with build_engine([*weights, *overrides]) as eng:
             runs.append(eng.generate(prompts, params))
             assert overrides[0] == "speculative=none" or eng.metrics()["mean_accept_length"] > 1.2
     for plain, spec in zip(*runs):
@@ -250,3 +250,33 @@ def test_n_samples_prefill_their_prompt_once(spec_pair, gqa_checkpoint, algorith
                                                             frequency_penalty=0.2, ignore_eos=True) for i in range(3)])
     assert [o.token_ids for o in outs] == [o.token_ids for o in alone]
     assert len({tuple(o.token_ids) for o in outs}) == 3
+
+
+@pytest.mark.parametrize("setting,expected", [(None, True), ("false", False)])
+def test_only_the_forwards_of_logprobs_requests_run_exact(spec_pair, setting, expected):
+    """`attention.exact_logprobs` (null: on with torch_native) marks the target forwards that carry a
+    logprobs request, and only those: the others keep the batched kernels."""
+    target, heads = spec_pair
+    extra = [] if setting is None else [f"attention.exact_logprobs={setting}"]
+    with build_engine(engine_overrides(target, "eagle3", *extra, head=heads["eagle3"])) as eng:
+        runner = eng.worker.target_runner
+        forward, marks = runner.forward, []
+
+        def recorded(batch, *args, **kwargs):
+            marks.append(batch.exact)
+            return forward(batch, *args, **kwargs)
+
+        runner.forward = recorded
+        eng.generate(PROMPTS[:2], SamplingParams(max_new_tokens=6, ignore_eos=True))
+        assert marks and not any(marks)
+        marks.clear()
+        eng.generate(PROMPTS[:2], SamplingParams(max_new_tokens=6, ignore_eos=True, logprobs=0))
+        assert marks and all(m == expected for m in marks)
+
+
+def test_exact_logprobs_needs_the_torch_native_backend():
+    from containers.factories import exact_logprobs
+
+    assert exact_logprobs(None, "triton") is False
+    with pytest.raises(ConfigError, match=r"attention.exact_logprobs=true needs attention.backend=torch_native"):
+        exact_logprobs(True, "triton")

@@ -59,12 +59,13 @@ class TorchNativeBackend:
     def __init__(self, head_dim: int, batch_invariant: bool = False):
         self.scale = head_dim ** -0.5
         # every query of a decode or a verify attends in a call of its own, over exactly the keys it
-        # sees, so its output does not depend on the batch or on the other queries of its request
+        # sees, so its output does not depend on the batch or on the other queries of its request; on
+        # for every forward here, or for those marked `exact` (ForwardBatch.exact)
         self.batch_invariant = batch_invariant
         self.metadata: TorchNativeMetadata | InvariantMetadata | None = None
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
-        if self.batch_invariant:
+        if self.batch_invariant or batch.exact:
             self.metadata = _invariant_metadata(batch)
             return
         device = batch.input_ids.device
@@ -96,7 +97,7 @@ class TorchNativeBackend:
 
     def forward(self, q, k, v, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
         # q: [N, Hq, D]; k, v: [N, Hkv, D] -> [N, Hq, D]
-        if self.batch_invariant:
+        if isinstance(self.metadata, InvariantMetadata):
             return self._forward_invariant(q, k, v, layer_id, batch)
         pool = batch.kv_pool
         meta = self.metadata
@@ -132,7 +133,9 @@ class TorchNativeBackend:
 
     def _forward_invariant(self, q, k, v, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
         # a prefill (no prefix) runs causally in one call per request: every run prefills a prompt alike;
-        # a decode or a verify runs one call per query, [1, Hq, 1, D] against [1, Hkv, keys, D]
+        # a decode or a verify runs one call per query, [1, Hq, 1, D] against [1, Hkv, keys, D]. An exact
+        # forward runs every query so, a prefill's too: a position's output then does not depend on where
+        # its prompt's prefill was split (by the prefix cache, by chunking) either
         pool, meta = batch.kv_pool, self.metadata
         pool.store(layer_id, batch.out_cache_loc, k, v)
         out, start, gqa = torch.empty_like(q), 0, k.shape[1] != q.shape[1]
@@ -144,7 +147,7 @@ class TorchNativeBackend:
                 keys, values = pool.k[layer_id].index_select(0, slots), pool.v[layer_id].index_select(0, slots)
             if keys.dtype != q.dtype:
                 keys, values = keys.to(q.dtype), values.to(q.dtype)
-            if prefix == 0:
+            if prefix == 0 and not batch.exact:
                 out[start:start + extend] = F.scaled_dot_product_attention(
                     q[start:start + extend].transpose(0, 1)[None], keys.transpose(0, 1)[None],
                     values.transpose(0, 1)[None], is_causal=True, scale=self.scale, enable_gqa=gqa)[0].transpose(0, 1)

@@ -13,8 +13,16 @@ weight shape at a few row counts and returns the fastest. A compressed format (`
 `Quantization`: see `weight_formats`) stores the fused weight in fewer bytes with its own kernel. With
 a kernel of its own (`onednn` or compressed) the members' float weights are released (left as meta
 tensors that keep their shape and dtype).
+
+Exact rows: inside `exact_rows()` (the forwards of requests that ask for logprobs) every projection
+computes each row as it would alone, whatever the other rows of the call, so a verify's positions are
+computed bit for bit as one-token decodes of them. A kernel measured row-invariant here (`_row_invariant`:
+oneDNN's over its reordered weight; the compressed formats by construction) runs as usual; a dense
+GEMM (MKL's, which blocks its sums differently by row count) runs one row per call.
 """
 
+import contextlib
+import contextvars
 import time
 
 import torch
@@ -27,6 +35,18 @@ from engine.models.weight_formats import Quantization, compressed_weights, fbgem
 
 LAYOUTS = ("transposed", "linear", "onednn")
 
+_EXACT_ROWS = contextvars.ContextVar("exact_rows", default=False)
+
+
+@contextlib.contextmanager
+def exact_rows(enabled: bool = True):
+    """Projections compute each row as they would alone while this is entered (see the module docstring)."""
+    token = _EXACT_ROWS.set(enabled)
+    try:
+        yield
+    finally:
+        _EXACT_ROWS.reset(token)
+
 
 class FusedLinear:
     def __init__(self, linears: list[nn.Linear]):
@@ -35,6 +55,7 @@ class FusedLinear:
         self.bias: torch.Tensor | None = None  # packed: [out]
         self.layout: str | Quantization | None = None
         self.kernel = None  # onednn's or a compressed format's weights and kernel: x [N, in] -> [N, out]
+        self.row_invariant = False  # the packed GEMM computes a row alike at any row count (see exact rows)
 
     @property
     def out_features(self) -> int:
@@ -77,6 +98,8 @@ class FusedLinear:
             return self.pack("linear")  # a weight beyond float16's range keeps the dense kernel
         self.kernel = OneDnnWeights(weight, bias) if layout == "onednn" else compressed_weights(weight, bias, layout)
         self.layout = layout
+        # compressed kernels compute each row on its own (weight_formats); oneDNN's is measured
+        self.row_invariant = _row_invariant(self.kernel, weight.shape[1], weight.dtype) if layout == "onednn" else True
         if release:
             for linear in self.linears:
                 linear.weight = nn.Parameter(torch.empty_like(linear.weight, device="meta"), requires_grad=False)
@@ -85,6 +108,13 @@ class FusedLinear:
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """x: [N, in] -> [N, out] (+ residual [N, out])."""
+        if x.shape[0] > 1 and not self.row_invariant and self.layout is not None and not torch.compiler.is_compiling() \
+                and _EXACT_ROWS.get():  # exact forwards run eager; a graph never reads the flag
+            rows = [self._gemm(x[i:i + 1], None if residual is None else residual[i:i + 1]) for i in range(x.shape[0])]
+            return torch.cat(rows)
+        return self._gemm(x, residual)
+
+    def _gemm(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
         if isinstance(self.kernel, OneDnnWeights):
             return self.kernel(x, residual)
         if self.kernel is not None:
@@ -102,6 +132,24 @@ class FusedLinear:
             return F.linear(x, self.weight, self.bias)
         out = torch.addmm(residual, x, self.weight.t())  # the GEMM F.linear runs, with the residual added in it
         return out if self.bias is None else out.add_(self.bias)
+
+
+# rows a row-invariance check compares: a tail of every width a blocked kernel may split rows into
+_CHECKED_ROWS = (2, 3, 5, 8, 9, 17, 33)
+_ROW_INVARIANT: dict[tuple, bool] = {}  # (kernel type, in_features, out_features, dtype) -> measured
+
+
+def _row_invariant(kernel, in_features: int, dtype: torch.dtype) -> bool:
+    """Whether `kernel` computes each row of x bit for bit as it does x's row alone, checked on random
+    rows once per shape and process (a property of the kernel's blocking on this CPU, not of the weight)."""
+    key = (type(kernel), in_features, kernel.out_features, dtype)
+    if key not in _ROW_INVARIANT:
+        generator = torch.Generator().manual_seed(0)
+        x = torch.randn(max(_CHECKED_ROWS), in_features, generator=generator).to(dtype)
+        with torch.inference_mode():
+            alone = torch.cat([kernel(x[i:i + 1]) for i in range(x.shape[0])])
+            _ROW_INVARIANT[key] = all(torch.equal(kernel(x[:m]), alone[:m]) for m in _CHECKED_ROWS)
+    return _ROW_INVARIANT[key]
 
 
 def _detached(tensor: torch.Tensor | None) -> torch.Tensor | None:

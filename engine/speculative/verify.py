@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from engine import logprobs
-from engine.forward_batch import ForwardBatch
+from engine.forward_batch import ForwardBatch, wants_exact
 from engine.request import Request
 from engine.runner import ForwardOutput, ModelRunner
 from engine.sampling import Sampler, SamplingBatch
@@ -42,8 +42,9 @@ class Verified:
 
 class TargetVerifier:
     def __init__(self, target_runner: ModelRunner, req_to_token: torch.Tensor, sampler: Sampler,
-                 mode: str = "reproducible"):
+                 mode: str = "reproducible", exact_logprobs: bool = True):
         self.target_runner = target_runner
+        self.exact_logprobs = exact_logprobs
         self.req_to_token = req_to_token
         self.sampler = sampler
         self.mode = mode  # "reproducible" | "rejection"
@@ -64,6 +65,7 @@ class TargetVerifier:
             prefix = torch.tensor(prefix_lens, dtype=torch.int64, device=tokens.device)
             batch = ForwardBatch.for_tree(rows, tokens, prefix_lens, prefix[:, None] + tree.depths,
                                           tree.ancestor_mask(), self.req_to_token)
+        batch.exact = self.exact_logprobs and wants_exact(requests)
         out = self.target_runner.forward(batch, logits_indices=state.verify_buffers.indices(b, n),
                                          attn_backend=state.verify_backend, graph=state.verify_graph)
         # each node's logits processed as plain decoding would at its position (drafts on its path counted)

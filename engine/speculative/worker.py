@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from engine.forward_batch import ForwardBatch
+from engine.forward_batch import ForwardBatch, wants_exact
 from engine.request import Request
 from engine.runner import ModelRunner
 from engine.sampling import Sampler, SamplingBatch
@@ -35,12 +35,14 @@ from engine.speculative.verify import TargetVerifier, Verified
 
 class SpeculativeWorker:
     def __init__(self, target_runner: ModelRunner, drafter: Drafter, req_to_token: torch.Tensor, sampler: Sampler,
-                 initial_state: SpecRuntimeState, verify: str = "reproducible", mask_drafts: bool = True):
+                 initial_state: SpecRuntimeState, verify: str = "reproducible", mask_drafts: bool = True,
+                 exact_logprobs: bool = True):
         self.target_runner = target_runner
         self.drafter = drafter
         self.req_to_token = req_to_token
         self.sampler = sampler
-        self.verifier = TargetVerifier(target_runner, req_to_token, sampler, verify)
+        self.exact_logprobs = exact_logprobs  # logprobs requests' forwards run `exact` (ForwardBatch.exact)
+        self.verifier = TargetVerifier(target_runner, req_to_token, sampler, verify, exact_logprobs)
         self.mask_drafts = mask_drafts  # structured output: drafts follow the requests' grammars
         self.counters = SpecCounters()
         self.candidate_states: dict = {}  # Candidate -> its SpecRuntimeState
@@ -87,6 +89,7 @@ class SpeculativeWorker:
         lens = [len(r.step_ids) for r in requests]
         batch = ForwardBatch.from_tails([r.row for r in computed], [r.step_ids for r in computed],
                                         [r.num_computed for r in computed], self.req_to_token)
+        batch.exact = self.exact_logprobs and wants_exact(requests)
         out = self.target_runner.forward(batch)
         if siblings.shared:
             siblings.copy_kv(requests, self.target_runner.kv_pool, self.req_to_token)
