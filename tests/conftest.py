@@ -10,6 +10,14 @@ import torch
 if not os.environ.get("TRITON_INTERPRET"):
     os.environ["TRITON_INTERPRET"] = "0" if torch.cuda.is_available() else "1"
 
+# measured weight layouts are kept per test run (every engine and server of the run packs alike), not
+# read from the user's cache
+if not os.environ.get("EYAS_CACHE_DIR"):
+    import atexit  # noqa: E402
+    import tempfile  # noqa: E402
+    os.environ["EYAS_CACHE_DIR"] = tempfile.mkdtemp(prefix="eyas-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["EYAS_CACHE_DIR"], ignore_errors=True)
+
 import pytest  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests/checkpoints.py

@@ -1,5 +1,11 @@
 """The inference layout of the weights and the CPU fast paths: each equals the plain computation it replaces."""
 
+import json
+import os
+import subprocess
+import sys
+import warnings
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -11,6 +17,7 @@ from engine.cache.allocator import PageAllocator
 from engine.cache.kv_pool import PagedKVPool
 from engine.forward_batch import ForwardBatch
 from engine.models.config import load_model_config
+from engine.models import fused_linear, layout_store
 from engine.models.fused_linear import FusedLinear, choose_layouts, exact_rows
 from engine.models.loader import load_model
 from engine.models.rope import RotaryEmbedding
@@ -75,6 +82,75 @@ def test_weight_layout_choices(gqa_checkpoint):
         build_engine([*PLAIN, f"model.path={gqa_checkpoint}", "model.weight_layout=columns"])
 
 
+def test_auto_layouts_are_timed_once_per_machine_and_kept(tmp_path, monkeypatch):
+    """The first process to time a shape records its choice on disk; a later one (here: the process's own
+    choices forgotten) packs by the record without timing, and obeys a record it did not make."""
+    monkeypatch.setenv("EYAS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(fused_linear, "_MEASURED", {})
+    shapes = {"qkv": (64, 128), "down": (128, 64), "up": (64, 128)}
+    cpu = torch.device("cpu")
+    timed = []
+    measure = fused_linear.measure_layout
+    monkeypatch.setattr(fused_linear, "measure_layout", lambda *a, **k: timed.append(a[:2]) or measure(*a, **k))
+    first = choose_layouts(shapes, "auto", torch.float32, cpu, model_bytes=1 << 20)
+    assert first["qkv"] == first["up"] and sorted(timed) == [(64, 128), (128, 64)]  # each distinct shape once
+    record = json.loads((tmp_path / layout_store.FILE_NAME).read_text())
+    assert sorted(record.values()) == sorted([first["qkv"], first["down"]]) and all("|64x128|" in k or "|128x64|" in k
+                                                                                    for k in record)
+
+    def never(*args, **kwargs):
+        raise AssertionError("a recorded shape was timed again")
+    monkeypatch.setattr(fused_linear, "measure_layout", never)
+    monkeypatch.setattr(fused_linear, "_MEASURED", {})  # a new process
+    assert choose_layouts(shapes, "auto", torch.float32, cpu, model_bytes=1 << 20) == first
+    other = {k: ("linear" if v != "linear" else "transposed") for k, v in record.items()}
+    (tmp_path / layout_store.FILE_NAME).write_text(json.dumps(other))
+    monkeypatch.setattr(fused_linear, "_MEASURED", {})
+    chosen = choose_layouts(shapes, "auto", torch.float32, cpu, model_bytes=1 << 20)
+    assert chosen != first and chosen["qkv"] == other[layout_store.entry_key((64, 128), torch.float32, 1 << 20)]
+
+
+def test_a_second_process_packs_as_the_first_timed(tmp_path):
+    script = """
+import torch
+from engine.models import fused_linear
+timed = []
+measure = fused_linear.measure_layout
+fused_linear.measure_layout = lambda *a, **k: timed.append(a[:2]) or measure(*a, **k)
+chosen = fused_linear.choose_layouts({"qkv": (64, 128), "down": (128, 64)}, "auto", torch.float32, torch.device("cpu"))
+print(len(timed), chosen["qkv"], chosen["down"])
+"""
+    env = {**os.environ, "EYAS_CACHE_DIR": str(tmp_path)}
+    runs = [subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True).stdout.split()
+            for _ in range(2)]
+    assert runs[0][0] == "2" and runs[1][0] == "0" and runs[0][1:] == runs[1][1:]
+
+
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"%s": "columns"}'])
+def test_an_unreadable_or_foreign_layout_record_is_timed_again(tmp_path, monkeypatch, content):
+    monkeypatch.setenv("EYAS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(fused_linear, "_MEASURED", {})
+    path = tmp_path / layout_store.FILE_NAME
+    path.write_text(content.replace("%s", layout_store.entry_key((64, 128), torch.float32, 0)))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        chosen = choose_layouts({"qkv": (64, 128)}, "auto", torch.float32, torch.device("cpu"))
+    assert chosen["qkv"] in fused_linear.LAYOUTS
+    assert json.loads(path.read_text()) == {layout_store.entry_key((64, 128), torch.float32, 0): chosen["qkv"]}
+    warned = any("timed again" in str(w.message) for w in caught)
+    assert warned == (not content.startswith('{"'))  # a layout it does not know is timed again, silently
+
+
+def test_an_unwritable_cache_keeps_layouts_per_process(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("EYAS_CACHE_DIR", str(blocker / "eyas"))  # under a file: cannot be made
+    monkeypatch.setattr(fused_linear, "_MEASURED", {})
+    with pytest.warns(UserWarning, match="not kept across processes.*EYAS_CACHE_DIR"):
+        chosen = choose_layouts({"qkv": (64, 128)}, "auto", torch.float32, torch.device("cpu"))
+    assert chosen["qkv"] in fused_linear.LAYOUTS
+
+
 @pytest.mark.parametrize("layout", ["transposed", "linear"])
 def test_loaded_model_keeps_checkpoint_tensors(gqa_checkpoint, layout):
     model = load_model(gqa_checkpoint, weight_layout=layout)
@@ -105,6 +181,7 @@ def fused_layouts(model) -> set:
     return {v.layout for m in model.modules() for v in vars(m).values() if isinstance(v, FusedLinear)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["compile", "aot"])
 def test_graphs_run_the_onednn_layout_as_eager_does(gqa_checkpoint, tmp_path, mode):
     """Compiled forwards take oneDNN's weights as inputs and call oneDNN's GEMM (aot: no fallback to

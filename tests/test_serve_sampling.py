@@ -15,16 +15,15 @@ from test_serve import MODEL, SERVED_PROMPTS
 
 PENALTIES = dict(presence_penalty=0.5, frequency_penalty=0.4)
 EXTRA = {"repetition_penalty": 1.2}  # vLLM's field, outside the client's signature
-LAYOUT = "model.weight_layout=onednn"
 
 
 @pytest.fixture(scope="module")
 def clients(tmp_path_factory):
-    """(plain, speculative): clients of a plain-decoding server and of a default one. Both pin the weight
-    layout: `auto` times the layouts in each process, and two processes may pick different kernels for a
-    shape (equal logprobs need the same kernels on both sides)."""
-    plain = ServerProcess("speculative=none", "draft=none", LAYOUT, cwd=tmp_path_factory.mktemp("plain"))
-    default = ServerProcess(LAYOUT, cwd=tmp_path_factory.mktemp("default"))
+    """(plain, speculative): clients of a plain-decoding server and of a default one, as users start them:
+    the second packs its weights as the first timed them (the layouts recorded in the cache root that
+    the test run shares), so both run the same kernels."""
+    plain = ServerProcess("speculative=none", "draft=none", cwd=tmp_path_factory.mktemp("plain"))
+    default = ServerProcess(cwd=tmp_path_factory.mktemp("default"))
     yield [OpenAI(base_url=p.base + "/v1", api_key="unused", max_retries=0) for p in (plain, default)]
     plain.stop()
     default.stop()

@@ -30,6 +30,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from engine.errors import ConfigError
+from engine.models import layout_store
 from engine.models.onednn_weights import OneDnnWeights, onednn_available
 from engine.models.weight_formats import Quantization, compressed_weights, fbgemm_available, fp16_fits
 
@@ -190,17 +191,19 @@ def measure_layout(in_features: int, out_features: int, dtype: torch.dtype, devi
 
 _MAX_MEASURED_BYTES = 256 << 20  # beyond most CPUs' last-level cache: a larger model's copies are read from memory
 _MAX_MEASURED_NUMEL = 1 << 24  # larger weights run compute-bound GEMMs: either layout, no timing needed
-# measured choices, kept for the process: every engine built here packs a shape alike, so two engines
-# over one checkpoint (plain and speculative, say) compute the same logits
-_MEASURED: dict[tuple, str] = {}
+# choices read or measured by this process; the measured ones are also kept on disk (layout_store), so
+# every engine on this machine packs a shape alike and two engines over one checkpoint (plain and
+# speculative, in one process or two) compute the same logits
+_MEASURED: dict[str, str] = {}
 
 
 def choose_layouts(shapes: dict[str, tuple[int, int]], weight_layout: str, dtype: torch.dtype,
                    device: torch.device, model_bytes: int = 0) -> dict[str, str]:
     """Layout per projection name (`shapes`: name -> (in_features, out_features)). `weight_layout` is
-    `auto` (each distinct shape timed here once per process; a half-precision model on CPU gets `fp16`
-    where fbgemm is built in: see `weight_formats.Fp16Weights`), or one of `LAYOUTS` for every projection.
-    `model_bytes`: the bytes of the model's weights, for timing each shape where a forward reads it from."""
+    `auto` (each distinct shape timed once per machine, the choice recorded by `layout_store`; a
+    half-precision model on CPU gets `fp16` where fbgemm is built in: see `weight_formats.Fp16Weights`),
+    or one of `LAYOUTS` for every projection. `model_bytes`: the bytes of the model's weights, for timing
+    each shape where a forward reads it from."""
     if weight_layout == "auto" and dtype in (torch.bfloat16, torch.float16) and device.type == "cpu" \
             and fbgemm_available():
         return dict.fromkeys(shapes, "fp16")
@@ -211,11 +214,21 @@ def choose_layouts(shapes: dict[str, tuple[int, int]], weight_layout: str, dtype
             raise ConfigError(f"model.weight_layout=onednn runs float32 weights on a CPU with oneDNN; this model is "
                               f"{str(dtype).removeprefix('torch.')} on {device.type}: set model.weight_layout=auto")
         return {name: weight_layout for name in shapes}
-    layouts = {}
-    for name, shape in shapes.items():
-        key = (shape, dtype, device.type, torch.get_num_threads(), min(model_bytes, _MAX_MEASURED_BYTES))
-        if key not in _MEASURED:
-            small = shape[0] * shape[1] <= _MAX_MEASURED_NUMEL
-            _MEASURED[key] = measure_layout(*shape, dtype, device, model_bytes=model_bytes) if small else "linear"
-        layouts[name] = _MEASURED[key]
-    return layouts
+    if device.type != "cpu":
+        return dict.fromkeys(shapes, "linear")  # GPU GEMMs take either layout at full speed; keep the checkpoint's
+    measured_bytes = min(model_bytes, _MAX_MEASURED_BYTES)
+    keys = {name: layout_store.entry_key(shape, dtype, measured_bytes) for name, shape in shapes.items()}
+    timed = {name: shape for name, shape in shapes.items() if shape[0] * shape[1] <= _MAX_MEASURED_NUMEL}
+    if any(keys[name] not in _MEASURED for name in timed):
+        with layout_store.recorded_layouts() as recorded:
+            for name, shape in timed.items():
+                key = keys[name]
+                if key not in _MEASURED:
+                    if recorded.get(key) not in _usable_layouts(dtype, device):
+                        recorded[key] = measure_layout(*shape, dtype, device, model_bytes=model_bytes)
+                    _MEASURED[key] = recorded[key]
+    return {name: _MEASURED[keys[name]] if name in timed else "linear" for name in shapes}
+
+
+def _usable_layouts(dtype: torch.dtype, device: torch.device) -> tuple[str, ...]:
+    return LAYOUTS if onednn_available(dtype, device) else ("transposed", "linear")
