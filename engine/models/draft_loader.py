@@ -11,7 +11,7 @@ from engine.models.eagle import EagleDraftModel
 from engine.models.eagle3 import Eagle3DraftModel
 from engine.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 from engine.models.standalone_draft import load_standalone_draft
-from engine.models.loader import assign_state, checkpoint_dir, pack_for_inference, read_tensors, resolve_dtype
+from engine.models.loader import assign_state, checkpoint_dir, meta_device, pack_for_inference, read_tensors, resolve_dtype
 from engine.models.weight_formats import Quantization, check_quantization
 
 # heads are one Llama decoder layer whatever their target's family
@@ -34,7 +34,7 @@ def _build_eagle(directory: Path, raw: dict, config: ModelConfig, tensors: dict,
     _check_fit(directory, "vocab_size", config.vocab_size, target.config.vocab_size)
     if "fc.weight" not in tensors:
         raise CheckpointError(f"{directory}: missing tensors ['fc.weight'] (not an EAGLE head?)")
-    with torch.device("meta"):
+    with meta_device():
         model = EagleDraftModel(config, fc_bias="fc.bias" in tensors)
         if "layers.0.input_layernorm.weight" in tensors:  # some exports keep it
             model.layers[0] = LlamaDecoderLayer(config, 0)
@@ -67,7 +67,7 @@ def _build_eagle3(directory: Path, raw: dict, config: ModelConfig, tensors: dict
     if "t2d" not in tensors:
         tensors["t2d"] = torch.zeros(config.vocab_size, dtype=torch.bool)
         tensors["t2d"][target_ids] = True
-    with torch.device("meta"):
+    with meta_device():
         return Eagle3DraftModel(config, target_hidden, draft_vocab, tuple(aux) if aux is not None else None)
 
 

@@ -1,8 +1,10 @@
 """Load a Hugging Face decoder directory (Llama, Mistral, Qwen2, Qwen3): config.json, (sharded) safetensors."""
 
+import contextlib
 from pathlib import Path
 
 import torch
+from torch import nn
 from safetensors import SafetensorError, safe_open
 
 from engine.errors import CheckpointError
@@ -12,6 +14,26 @@ from engine.models.llama import LlamaForCausalLM
 from engine.models.weight_formats import Quantization, check_int4_shapes, check_quantization
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+@contextlib.contextmanager
+def meta_device():
+    """Modules built in here hold meta tensors, left uninitialised: the checkpoint's tensors are assigned
+    next. (Initialising a meta tensor runs torch's reference ops, whose first call imports Dynamo: a
+    second of every start.)"""
+    resets = {cls: cls.reset_parameters for cls in (nn.Linear, nn.Embedding)}
+    try:
+        for cls in resets:
+            cls.reset_parameters = _uninitialised
+        with torch.device("meta"):
+            yield
+    finally:
+        for cls, reset in resets.items():
+            cls.reset_parameters = reset
+
+
+def _uninitialised(module: nn.Module) -> None:
+    pass
 
 
 def checkpoint_dir(path: str | Path) -> Path:
@@ -128,7 +150,7 @@ def load_model(path: str | Path, dtype: str = "auto", device: str | torch.device
             raise CheckpointError(f"{directory}: missing tensors ['lm_head.weight'] (and tie_word_embeddings is false)")
         if "model.embed_tokens.weight" in tensors:
             tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]
-    with torch.device("meta"):
+    with meta_device():
         model = LlamaForCausalLM(config)
     assign_state(model, tensors, torch_dtype, device, str(directory))
     if config.tie_word_embeddings:

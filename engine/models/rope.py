@@ -59,8 +59,9 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
-        self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
-        self.register_buffer("sin_sign", _sin_sign(config.head_dim), persistent=False)
+        with torch.device("cpu"):  # a model built on meta computes them here all the same: meta math is slow
+            self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
+            self.register_buffer("sin_sign", _sin_sign(config.head_dim), persistent=False)
         self._cache: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}  # dtype -> cos, signed sin [P, 1, D]
 
     def reset(self, device: torch.device) -> None:
