@@ -40,6 +40,7 @@ class Request:
     finish_time: float | None = None
     grammar: object | None = field(default=None, repr=False)  # its GrammarMatcher, for structured output
     sample_index: int = 0  # which of its prompt's `params.n` samples it is
+    kv_copied_from: int | None = None  # the row whose prompt KV its last step copied (`shared_prefill`)
     logprobs: list | None = None  # TokenLogprob per output token, when params.logprobs is set
     new_logprobs: list | None = field(default=None, repr=False)  # the last step's, one per token it emitted
 

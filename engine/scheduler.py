@@ -127,11 +127,15 @@ class Scheduler:
     def cache_progress(self) -> None:
         """Offer the prefix cache the pages running requests have made final (a shared system prompt is
         reused while its first request still runs)."""
-        if self.kv.prefix_cache is not None:
-            for request in self.running:
-                valid = self.cacheable_len(request)
-                if not request.finished and self.kv.caches_more(request.row, request.seq_len, valid):
-                    self.kv.cache(request.row, request.all_ids, valid)
+        for request in self.running:
+            copied_from, request.kv_copied_from = request.kv_copied_from, None
+            if self.kv.prefix_cache is None or request.finished:
+                continue
+            if copied_from is not None:  # a sample of a prompt prefilled once: its copies may become shared pages
+                self.kv.note_copy(request.row, copied_from, len(request.prompt_ids))
+            valid = self.cacheable_len(request)
+            if self.kv.caches_more(request.row, request.seq_len, valid):
+                self.kv.cache(request.row, request.all_ids, valid)
 
     def _grow_running(self) -> None:
         i = 0

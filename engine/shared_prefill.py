@@ -7,6 +7,9 @@ first sibling's prompt only; each other sibling's KV slots receive a copy of its
 cached prefix, layer by layer (a copy of the cache rows, against a forward over every prompt token),
 and its logits and hidden states are the first's.
 Each sibling then samples its own first token (its own seed) and its drafter starts on its own.
+With the prefix cache on, the copies last one step: as the first sibling's whole prompt pages join the
+cache, the others give their copies of them back and hold the cached pages (`KVCacheManager.cache`),
+so n samples keep one prompt's KV and a private tail each.
 """
 
 from dataclasses import dataclass
@@ -54,6 +57,7 @@ class Siblings:
                 for layer in range(pool.num_layers):
                     pool.k[layer][dst] = pool.k[layer][src]
                     pool.v[layer][dst] = pool.v[layer][src]
+                requests[i].kv_copied_from = requests[j].row  # the prefix cache may swap the copy for the source
 
     def expand(self, out: ForwardOutput, extend_lens: list[int]) -> ForwardOutput:
         """The forward of the computed requests (one logits row each, `extend_lens` tokens each, in order)

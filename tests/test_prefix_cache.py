@@ -227,6 +227,32 @@ def test_n_samples_and_a_cached_prefix_together(spec_pair):
     assert [o.stats["cached_tokens"] for o in outs["true"]] == [28] * 3
 
 
+@pytest.mark.parametrize("algorithm", ["none", "eagle"])
+def test_n_samples_hold_one_copy_of_their_prompt(spec_pair, algorithm):
+    """After the step that prefilled a prompt once for its n samples, the other samples give back their
+    copies of its whole pages and hold the first sample's (cached) ones: one prompt's KV and a private
+    tail each, and the tokens of the run without a prefix cache (where the copies stay)."""
+    target, heads = spec_pair
+    prompt = [0] + list(range(10, 60))  # 51 tokens: 12 whole pages of 4, a tail page
+    params = SamplingParams(max_new_tokens=10, temperature=0.9, seed=3, n=3, ignore_eos=True)
+    base = engine_overrides(target, algorithm, "cache.page_size=4", head=heads.get(algorithm))
+    outs, held = {}, {}
+    for caching in ("true", "false"):
+        with build_engine([*base, f"cache.prefix_caching={caching}"]) as eng:
+            requests = eng.submit(prompt_token_ids=[prompt], sampling=params)
+            eng.step()  # the prefill
+            held[caching] = eng.scheduler.kv.used_pages
+            rows = [eng.scheduler.kv._rows[r.row].pages for r in requests]
+            while eng.has_work():
+                eng.step()
+            outs[caching] = [r.output_ids for r in requests]
+            assert eng.scheduler.kv.all_free()
+        if caching == "true":  # the first 12 pages are one set of pages, each sample's tail its own
+            assert rows[1][:12] == rows[2][:12] == rows[0][:12] and len({r[12] for r in rows}) == 3
+    assert outs["true"] == outs["false"] and len({tuple(o) for o in outs["true"]}) == 3
+    assert held["false"] - held["true"] == 2 * 12
+
+
 def test_prefix_caching_must_be_a_boolean(checkpoint):
     from engine.errors import ConfigError
     with pytest.raises(ConfigError, match=r"cache\.prefix_caching[\s\S]*not a valid bool"):

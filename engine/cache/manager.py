@@ -7,6 +7,8 @@ of the longest prefix it shares with earlier sequences (held by reference, never
 pages join the cache as their KV becomes final (`cache`), and when it ends (`release`) the pages the
 cache does not already hold join it while the rest go back to the allocator. Unreferenced cached pages
 are evicted, least recently used first, whenever the allocator runs short: before anyone is preempted.
+A row whose KV is a copy of another's (the other samples of a prompt: `shared_prefill`) gives its
+copied pages back as the original's join the cache, and holds those instead.
 Every KV pool of the engine (target, draft) shares these slot indices.
 """
 
@@ -25,6 +27,7 @@ class _RowPages:
     pages: list[int] = field(default_factory=list)  # every page of the row, in position order
     nodes: list[PrefixNode] = field(default_factory=list)  # the cached ones it holds: its first len(nodes) pages
     frozen: bool = False  # a page of it was cached by another request first: cache no more until release
+    copies: dict[int, int] = field(default_factory=dict)  # page index -> the page its KV was copied from
 
 
 class KVCacheManager:
@@ -112,11 +115,24 @@ class KVCacheManager:
         parent = pages.nodes[-1] if pages.nodes else cache.root
         for index in range(len(pages.nodes), cache.full_pages(len(tokens), valid_len)):
             key = cache.key(tokens, index)
-            if key in parent.children:  # another request cached this page first: keep ours private
+            node = parent.children.get(key)
+            if node is not None and pages.copies.get(index) == node.page:  # ours is a copy of it: hold it instead
+                cache.acquire([node])
+                self.allocator.free([pages.pages[index]])
+                self._point(row, pages, index, node.page)
+            elif node is not None:  # another request cached this page first: keep ours private
                 pages.frozen = True
                 return
-            parent = cache.insert(parent, key, pages.pages[index], refs=1)
-            pages.nodes.append(parent)
+            else:
+                node = cache.insert(parent, key, pages.pages[index], refs=1)
+            parent = node
+            pages.nodes.append(node)
+
+    def note_copy(self, row: int, source_row: int, end: int) -> None:
+        """The row's positions from the end of its cached pages to `end` hold a copy of `source_row`'s KV
+        there; its whole pages among them may later be exchanged for the source's (see `cache`)."""
+        pages, source = self._rows[row], self._rows[source_row]
+        pages.copies = {i: source.pages[i] for i in range(len(pages.nodes), end // self.page_size)}
 
     def release(self, row: int, tokens: list[int] | None = None, valid_len: int = 0) -> None:
         """Give the row back. With `tokens` (its sequence, KV final below `valid_len`), its full pages
@@ -159,6 +175,14 @@ class KVCacheManager:
             return self.allocator.num_free_pages
         return (self.allocator.num_free_pages + self.prefix_cache.num_evictable
                 - self.prefix_cache.unreferenced(taking))
+
+    def _point(self, row: int, pages: _RowPages, index: int, page: int) -> None:
+        """Make page `index` of the row `page`: its slots fill the table's columns of that page."""
+        pages.pages[index] = page
+        first = index * self.page_size
+        n = min(self.page_size, self.table.width - first)
+        self.table.table[row, first:first + n] = torch.arange(page * self.page_size, page * self.page_size + n,
+                                                              device=self.table.table.device)
 
     def _assign(self, row: int, pages: _RowPages, new_pages: list[int]) -> None:
         """Append `new_pages` to the row: their slots fill the table's next columns."""
