@@ -33,6 +33,7 @@ def test_bench_peers_eyas_rows(tmp_path):
     assert (tmp_path / "bench_peers.png").stat().st_size > 5000
 
 
+@pytest.mark.slow
 def test_bench_peers_on_a_repeated_workload_reports_the_default_against_fixed_drafters(tmp_path):
     out = run_script("bench_peers.py", "--workload", "repeated", "--systems", "eyas,eyas_adaptive,eyas_suffix,eyas_k2",
                      "--eyas", "chains=adaptive.tiers=[{batch_size:1,candidates:[1,2,3]}]", "--batch-sizes", "1",
@@ -63,6 +64,7 @@ def test_workloads_are_distinct_prompts_and_repeated_ones_follow_their_originals
         workload_prompts("poems", 1)
 
 
+@pytest.mark.slow
 def test_bench_quant_times_every_format_and_reports_quality(tmp_path):
     # CTranslate2 is a [bench] extra, not installed with the tests: its row is left out here
     out = run_script("bench_quant.py", "--systems", "float32,bfloat16,int8,int4,int8_ngram", "--layers", "2",
@@ -102,6 +104,7 @@ def test_bench_spec_reports_the_cost_of_a_sampled_position(tmp_path):
     assert row["t_choice_sampled"] > 0 and row["t_choice_greedy"] > 0 and result["plain_choice_sampled"] > 0
 
 
+@pytest.mark.slow
 def test_bench_spec_prints_phase_floors(tmp_path):
     out = run_script("bench_spec.py", "--ks", "2", "--trees", "3:2:5", "--num-prompts", "2", "--max-new-tokens", "8",
                      "--json", str(tmp_path / "spec.json"), "--plot", str(tmp_path / "spec.png"))
@@ -148,6 +151,7 @@ def test_mutation_run_lists_its_mutants():
                for line in lines), out
 
 
+@pytest.mark.slow
 def test_bench_adaptive_charts_the_choices(tmp_path):
     out = run_script("bench_adaptive.py", "--batch-sizes", "1", "--num-prompts", "2", "--max-new-tokens", "6",
                      "--json", str(tmp_path / "adaptive.json"), "--plot", str(tmp_path / "adaptive.png"))

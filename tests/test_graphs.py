@@ -34,7 +34,8 @@ def test_compiled_plain_decoding_equals_eager(gqa_checkpoint, plain_reference, p
     assert [o.token_ids for o in outs] == plain_reference(gqa_checkpoint, prompts, params)
 
 
-@pytest.mark.parametrize("shape", [dict(num_steps=3), dict(num_steps=3, topk=2)], ids=["chain", "tree"])
+@pytest.mark.parametrize("shape", [dict(num_steps=3), pytest.param(dict(num_steps=3, topk=2), marks=pytest.mark.slow)],
+                         ids=["chain", "tree"])
 def test_compiled_verify_is_lossless(spec_pair, plain_reference, shape):
     target, heads = spec_pair
     with build_engine(engine_overrides(target, "eagle3", COMPILE, head=heads["eagle3"], **shape)) as eng:
@@ -44,6 +45,7 @@ def test_compiled_verify_is_lossless(spec_pair, plain_reference, shape):
     assert [o.token_ids for o in outs] == plain_reference(target, PROMPTS, GREEDY)
 
 
+@pytest.mark.slow
 def test_warmup_compiles_at_start_exactly_the_shapes_the_config_runs(spec_pair):
     target, heads = spec_pair
     overrides = engine_overrides(target, "eagle3", COMPILE, head=heads["eagle3"], num_steps=None)  # adaptive chains
@@ -77,6 +79,7 @@ def test_what_a_graph_cannot_run_runs_eager(gqa_checkpoint, plain_reference):
     assert [o.token_ids for o in outs] == plain_reference(gqa_checkpoint, PROMPTS[:3], GREEDY)
 
 
+@pytest.mark.slow
 def test_logprobs_requests_run_exact_and_eager_beside_graphed_ones(spec_pair):
     """A forward that carries a logprobs request runs eager and exact (`ForwardBatch.exact`) under a
     compiled engine too: its logprobs equal the compiled plain engine's bit for bit."""

@@ -132,6 +132,7 @@ def test_int8_kernel_scales_each_row_by_itself():
         assert torch.equal(kernel(x * 2.0 ** power), kernel(x) * 2.0 ** power), power
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["int8", "fp16", "int4"])
 def test_kernels_compile_to_one_graph_with_the_eager_bits(name):
     """Inside torch.compile the fbgemm weights are reached through the eyas custom ops (fullgraph: a

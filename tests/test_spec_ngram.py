@@ -69,6 +69,7 @@ def test_ngram_is_lossless_at_batch_16(spec_pair, plain_reference, steps, topk, 
     assert [o.token_ids for o in outs] == plain_reference(target, REPEATING_PROMPTS, PARAMS_16)
 
 
+@pytest.mark.slow
 def test_ngram_on_the_triton_backend_and_one_token_pages(spec_pair, plain_reference):
     params = [SamplingParams(max_new_tokens=10, ignore_eos=True)] * 3
     expected = plain_reference(spec_pair[0], REPEATING_PROMPTS[:3], params)
@@ -165,6 +166,7 @@ def test_hybrid_on_triton_and_under_adaptive_control(spec_pair, plain_reference)
     assert [o.token_ids for o in outs] == plain_reference(target, REPEATING_PROMPTS, PARAMS_16)
 
 
+@pytest.mark.slow
 def test_hybrid_from_the_command_line_with_no_other_override(tmp_path):
     assert_cli_run_equals_plain("hybrid", tmp_path)
 

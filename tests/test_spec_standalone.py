@@ -38,6 +38,7 @@ def test_the_target_as_its_own_drafter_accepts_every_greedy_draft(spec_pair, ste
         assert eng.metrics()["mean_accept_length"] == steps + 1
 
 
+@pytest.mark.slow
 def test_standalone_on_the_triton_backend_and_one_token_pages(spec_pair, plain_reference):
     target = spec_pair[0]
     params = [SamplingParams(max_new_tokens=10, ignore_eos=True, temperature=t, seed=i) for i, t in enumerate([0, 0.9, 0])]
@@ -67,6 +68,7 @@ def test_no_kv_leak_after_random_requests_with_standalone(spec_pair):
     random_requests_match_plain(target, overrides, 120, seed=7)
 
 
+@pytest.mark.slow
 def test_standalone_from_the_command_line_with_no_other_override(tmp_path):
     assert_cli_run_equals_plain("standalone", tmp_path)
 

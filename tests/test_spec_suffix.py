@@ -151,6 +151,7 @@ def test_ended_and_preempted_requests_hand_their_streams_over_and_memory_stays_b
     assert [o.token_ids for o in outs] == plain_reference(target, REPEATING_PROMPTS, params) * 4
 
 
+@pytest.mark.slow
 def test_suffix_on_triton_one_token_pages_and_random_requests(spec_pair, plain_reference):
     params = [SamplingParams(max_new_tokens=10, ignore_eos=True)] * 3
     expected = plain_reference(spec_pair[0], REPEATING_PROMPTS[:3], params)
@@ -190,6 +191,7 @@ def test_the_default_config_lists_suffix_decoding_and_stays_lossless(spec_pair, 
     assert [o.token_ids for o in outs] == plain_reference(target, REPEATING_PROMPTS, PARAMS_16)
 
 
+@pytest.mark.slow
 def test_suffix_from_the_command_line_with_no_other_override(tmp_path):
     assert_cli_run_equals_plain("suffix", tmp_path)
 

@@ -64,7 +64,8 @@ def test_the_draft_head_follows_the_algorithm():
         prepare(compose_config(["speculative=eagle", "draft=eagle3"]))
 
 
-@pytest.mark.parametrize("objective,metric", [("tokens_per_s", "tokens_per_s"), ("mean_accept_length", "mean_accept_length")])
+@pytest.mark.parametrize("objective,metric", [("tokens_per_s", "tokens_per_s"), pytest.param(
+    "mean_accept_length", "mean_accept_length", marks=pytest.mark.slow)])
 def test_optuna_search_maximises_the_objective_and_prints_the_best_overrides(tmp_path, objective, metric):
     proc = run_cli("-m", "experiment=tune_speculative", "hydra.sweeper.n_trials=3", f"objective={objective}",
                    "hydra.sweep.dir=sweep", TINY, cwd=tmp_path)
