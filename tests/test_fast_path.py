@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import warnings
 
 import pytest
@@ -124,6 +125,29 @@ print(len(timed), chosen["qkv"], chosen["down"])
     runs = [subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True).stdout.split()
             for _ in range(2)]
     assert runs[0][0] == "2" and runs[1][0] == "0" and runs[0][1:] == runs[1][1:]
+
+
+def test_processes_starting_together_time_a_shape_once(tmp_path):
+    """Two processes that reach the layouts at once: the second waits for the first's record."""
+    script = """
+import sys, time
+import torch
+from engine.models import fused_linear
+measure = fused_linear.measure_layout
+def slow(*a, **k):
+    time.sleep(1.0)  # long enough for the other process to reach the lock
+    return measure(*a, **k)
+fused_linear.measure_layout = lambda *a, **k: print("timed", flush=True) or slow(*a, **k)
+while time.time() < float(sys.argv[1]):
+    time.sleep(0.01)
+print(fused_linear.choose_layouts({"qkv": (64, 128)}, "auto", torch.float32, torch.device("cpu"))["qkv"])
+"""
+    env = {**os.environ, "EYAS_CACHE_DIR": str(tmp_path)}
+    start = str(time.time() + 8)  # both processes imported torch by then
+    procs = [subprocess.Popen([sys.executable, "-c", script, start], env=env, stdout=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=120)[0].split() for p in procs]
+    assert sum(out.count("timed") for out in outs) == 1 and outs[0][-1] == outs[1][-1], outs
 
 
 @pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"%s": "columns"}'])
