@@ -77,12 +77,13 @@ def test_greedy_structured_output_equals_plain_for_every_drafter(spec_pair, draf
             jsonschema.validate(json.loads(out.text), p.structured_output["json_schema"])
 
 
-def test_seeded_structured_sampling_equals_plain_under_reproducible_verify(spec_pair):
+@pytest.mark.parametrize("algorithm", ["eagle3", "ngram"])
+def test_seeded_structured_sampling_equals_plain_under_reproducible_verify(spec_pair, algorithm):
     target, heads = spec_pair
     params = [structured({"json_schema": SCHEMAS[1]}, temperature=0.9, seed=s) for s in range(4)]
     prompts = PROMPTS[:4]
     plain = run_plain(target, prompts, params)
-    with build_engine(engine_overrides(target, "eagle3", head=heads["eagle3"], num_steps=3)) as eng:
+    with build_engine(engine_overrides(target, algorithm, head=heads.get(algorithm), num_steps=3)) as eng:
         assert [o.token_ids for o in eng.generate(prompts, params)] == [o.token_ids for o in plain]
 
 
@@ -101,6 +102,49 @@ def test_drafts_that_follow_the_grammar_are_accepted_more_with_the_same_output(s
             runs[masked] = ([o.token_ids for o in outs], eng.metrics()["mean_accept_length"])
     assert runs[True][0] == runs[False][0]
     assert runs[True][1] > runs[False][1]
+
+
+@pytest.mark.parametrize("algorithm", ["ngram", "suffix"])
+def test_the_tokens_a_grammar_forces_fill_a_lookup_chain_past_its_drafts(spec_pair, algorithm):
+    """A lookup drafter's chain is cut at its first draft the grammar rejects (or where its match ends)
+    and, with mask_drafts, filled from there with the tokens the grammar forces (a record's keys and
+    punctuation): plain decoding's tokens, more of them accepted per cycle than with the cut alone."""
+    target = spec_pair[0]
+    params = [structured({"json_schema": SCHEMAS[i]}) for i in (0, 2)]
+    prompts = PROMPTS[:2]
+    plain = run_plain(target, prompts, params)
+    runs = {}
+    for masked in (True, False):
+        with build_engine(engine_overrides(target, algorithm, f"speculative.mask_drafts={str(masked).lower()}",
+                                           num_steps=6)) as eng:
+            outs = eng.generate(prompts, params)
+            runs[masked] = eng.metrics()["mean_accept_length"]
+            assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
+    assert runs[True] > runs[False] + 0.5, runs
+
+
+def test_a_forced_chain_keeps_the_allowed_drafts_then_takes_what_the_grammar_forces():
+    from pathlib import Path
+
+    from engine.assets import asset_path
+    from engine.structured.grammars import GrammarCompiler
+    from engine.tokenizer import Tokenizer
+
+    directory = Path(asset_path("target"))
+    tokenizer = Tokenizer.from_dir(directory)
+    compiler = GrammarCompiler((directory / "tokenizer.json").read_text(), 4096, tokenizer.eos_token_ids)
+    grammar = compiler.matcher({"json_schema": SCHEMAS[2]})  # {"point":{"x":<number>,"y":<0-9>}}
+    forced = grammar.matcher.compute_ff_tokens()  # from the start: {"point":{"x":
+    assert tokenizer.decode(forced) == '{"point":{"x":'
+    brace = forced[0]
+    grammar.consume([brace])  # the chain's root: emitted already
+    filled = grammar.forced_chain([brace] + [brace] * 12)  # a second "{" is no key: rejected at once
+    assert filled == [brace] + forced[1:] + [-1] * (12 - len(forced) + 1) and grammar.num_consumed == 1
+    valid, _ = grammar.walk(filled, list(range(-1, len(filled) - 1)))
+    assert valid == [True] + [t >= 0 for t in filled[1:]]  # every forced token is allowed where it stands
+    other = tokenizer.encode('"point"')[-3:]  # allowed drafts, tokenized otherwise, stay as they are
+    kept = grammar.forced_chain([brace, *other, brace, brace])
+    assert kept[:4] == [brace, *other] and tokenizer.decode([t for t in kept if t >= 0]).startswith('{"point":{')
 
 
 @pytest.mark.parametrize("spec,message", [

@@ -54,9 +54,11 @@ class TargetVerifier:
         state's verify backend; the accepted path of each request (and the logprobs of its emitted
         tokens, for requests that ask: `logprobs.record`)."""
         rows, prefix_lens = [r.row for r in requests], [r.num_computed for r in requests]
-        grammar, proposed = sampling.grammar, tree
-        if grammar is not None:  # drafts a grammar rejects are cut before the forward
-            tree = replace(tree, tokens=grammar.prepare(tree.tokens, None if tree.is_chain else tree.parents))
+        grammar, proposed = sampling.grammar, tree  # positions proposed: the drafter's, and any the grammar filled
+        if grammar is not None:  # drafts a grammar rejects are cut before the forward (a chain's refilled
+            # with the tokens it forces, where the drafts are deterministic: a drawn draft's q is the head's)
+            tree = replace(tree, tokens=grammar.prepare(tree.tokens, None if tree.is_chain else tree.parents,
+                                                        fill_forced=tree.draft_probs is None))
         b, n = tree.tokens.shape
         tokens = tree.tokens.clamp(min=0)  # the target reads some token at an unfilled node; it is never accepted
         if tree.is_chain:
@@ -73,7 +75,7 @@ class TargetVerifier:
         if grammar is not None:
             logits = grammar.apply(logits)
         accept_lens, path, chosen = self.accept(logits, tree, sampling)
-        verified = self._verified(prefix_lens, tree, out, accept_lens, path, chosen, proposed.reach().tolist())
+        verified = self._verified(prefix_lens, tree, out, accept_lens, path, chosen, torch.maximum(proposed.reach(), tree.reach()).tolist())
         if grammar is not None:
             grammar.commit(verified.emitted)
         if any(r.params.logprobs is not None for r in requests):

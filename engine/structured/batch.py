@@ -28,20 +28,28 @@ class GrammarBatch:
             return None
         return cls(len(requests), rows, [requests[i].grammar for i in rows], mask_drafts)
 
-    def prepare(self, tokens: torch.Tensor | None = None, parents: torch.Tensor | None = None) -> torch.Tensor | None:
+    def prepare(self, tokens: torch.Tensor | None = None, parents: torch.Tensor | None = None,
+                fill_forced: bool = False) -> torch.Tensor | None:
         """Masks for the nodes of `tokens` [B, n] (None: one position per request, after its output;
         parents [B, n], None for chains). Returns the tokens with the drafts the grammar rejects (and
-        their descendants) unfilled, when `mask_drafts`; else as they were."""
+        their descendants) unfilled, when `mask_drafts`; else as they were. `fill_forced` (a chain of
+        deterministic drafts, with `mask_drafts`): a chain's drafts from its first rejected or unfilled
+        one on become the tokens the grammar forces there, which the target's masked choice will take
+        (a node that could not have been accepted gets a draft that likely will)."""
         if tokens is None:
             self._masks = torch.stack([g.allowed() for g in self.grammars])[:, None]
             return None
         n = tokens.shape[1]
         host_tokens = tokens.tolist()
         host_parents = parents.tolist() if parents is not None else None
+        fill_forced = fill_forced and self.mask_drafts and host_parents is None
         cut = tokens.clone()
         masks = []
         for row, grammar in zip(self.rows, self.grammars):
             chain_parents = list(range(-1, n - 1))
+            if fill_forced:
+                host_tokens[row] = grammar.forced_chain(host_tokens[row])
+                cut[row] = torch.tensor(host_tokens[row], dtype=cut.dtype)
             valid, mask = grammar.walk(host_tokens[row], chain_parents if host_parents is None else host_parents[row])
             masks.append(mask)
             if self.mask_drafts:

@@ -56,6 +56,25 @@ class GrammarMatcher:
             self.matcher.rollback(len(stack))
         return valid, torch.stack(masks)
 
+    def forced_chain(self, tokens: list[int]) -> list[int]:
+        """A draft chain's tokens (node 0 the root, already consumed) with its drafts from the first one the
+        grammar rejects (or an unfilled one) replaced by the tokens the grammar forces there (llguidance's
+        fast-forward tokens: the forced bytes, canonically tokenized), unfilled past them. The matcher ends
+        where it started."""
+        out, consumed = list(tokens), 0
+        for token in tokens[1:]:
+            if self.matcher.is_stopped() or not 0 <= token < self.vocab_size or self.matcher.validate_tokens([token]) != 1:
+                break
+            self.matcher.consume_token(token)
+            consumed += 1
+        start = consumed + 1
+        if start < len(out) and not self.matcher.is_stopped():
+            forced = [t for t in self.matcher.compute_ff_tokens() if 0 <= t < self.vocab_size][:len(out) - start]
+            out[start:] = forced + [-1] * (len(out) - start - len(forced))
+        if consumed:
+            self.matcher.rollback(consumed)
+        return out
+
     def masks_after(self, paths: list[list[int]]) -> torch.Tensor:
         """[len(paths), V] bool: what the grammar allows after each path of tokens from where it stands
         (all True after a path it rejects, which verification cuts); the matcher ends where it started."""
