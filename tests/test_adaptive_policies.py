@@ -264,6 +264,14 @@ def test_throughput_does_not_probe_a_neighbour_estimated_far_worse():
     assert p.best == C(0) and set(seen[-150:]) == {C(0)}
 
 
+def test_throughput_starting_at_plain_decoding_estimates_it_before_any_draft_is_measured():
+    p = ThroughputPolicy(chains(0, 2), C(0), AcceptanceModel(0.9), ema_alpha=0.2, update_interval=2, probe_interval=0)
+    for _ in range(2):
+        p.observe(C(0), [0, 0], {"verify": 0.5})
+    rates = p.estimated_rates()  # no draft measured yet: k = 2 unknown, plain decoding's rate known
+    assert rates[C(2)] is None and rates[C(0)] == pytest.approx(1 / 0.5) and p.choice == C(2)  # explored next
+
+
 def test_acceptance_rates_are_non_increasing_with_depth():
     m = AcceptanceModel(decay=1.0, profile_decay=1.0)
     m.observe(3, [0, 0, 3, 3])  # a_1 = 0.5, then every reached position accepted (a_2 = a_3 = 1.0)

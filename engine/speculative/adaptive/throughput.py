@@ -108,7 +108,7 @@ class ThroughputPolicy:
             t = self.cycle_seconds(c, self.batch_size)
             if c.is_configured_chain:
                 k = c.num_steps
-                accepted = expected[k] if k == 0 or expected is not None else None
+                accepted = 0.0 if k == 0 else expected[k] if expected is not None else None  # 0 steps drafts nothing
             else:
                 measured = self.own_accepted.counts.get(c, 0) >= MIN_OWN_CYCLES
                 accepted = self.own_accepted.get(c) if measured else None
