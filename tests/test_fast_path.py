@@ -4,7 +4,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import warnings
 
 import pytest
@@ -128,9 +127,10 @@ print(len(timed), chosen["qkv"], chosen["down"])
 
 
 def test_processes_starting_together_time_a_shape_once(tmp_path):
-    """Two processes that reach the layouts at once: the second waits for the first's record."""
+    """Two processes that reach the layouts at once (each waits for the other to be ready): the second
+    waits for the first's record."""
     script = """
-import sys, time
+import pathlib, sys, time
 import torch
 from engine.models import fused_linear
 measure = fused_linear.measure_layout
@@ -138,14 +138,17 @@ def slow(*a, **k):
     time.sleep(1.0)  # long enough for the other process to reach the lock
     return measure(*a, **k)
 fused_linear.measure_layout = lambda *a, **k: print("timed", flush=True) or slow(*a, **k)
-while time.time() < float(sys.argv[1]):
+ready = pathlib.Path(sys.argv[1])
+(ready / sys.argv[2]).touch()
+while len(list(ready.iterdir())) < 2:
     time.sleep(0.01)
 print(fused_linear.choose_layouts({"qkv": (64, 128)}, "auto", torch.float32, torch.device("cpu"))["qkv"])
 """
-    env = {**os.environ, "EYAS_CACHE_DIR": str(tmp_path)}
-    start = str(time.time() + 8)  # both processes imported torch by then
-    procs = [subprocess.Popen([sys.executable, "-c", script, start], env=env, stdout=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    env = {**os.environ, "EYAS_CACHE_DIR": str(tmp_path / "cache")}
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(ready), str(i)], env=env, stdout=subprocess.PIPE,
+                              text=True) for i in range(2)]
     outs = [p.communicate(timeout=120)[0].split() for p in procs]
     assert sum(out.count("timed") for out in outs) == 1 and outs[0][-1] == outs[1][-1], outs
 

@@ -9,8 +9,9 @@ machine records its choice, and every later one packs by it.
 The record: `weight_layouts.json` in the cache root (`$EYAS_CACHE_DIR`, else `$XDG_CACHE_HOME/eyas`,
 else `~/.cache/eyas`), one entry per machine (CPU model and capability, torch's version, threads),
 weight shape, dtype and bytes timed. It is read and written under an exclusive lock and replaced
-whole, so two processes starting together time a shape once. Delete the file to time again. Where the
-cache root cannot be written, choices stay per process, with a warning.
+whole, so two processes starting together time a shape once. A choice is kept as it was timed (on a
+machine busy at the time, too): delete the file to time again. Where the cache root cannot be locked
+or written, the record is read as it is and new choices stay with the process, with a warning.
 """
 
 import contextlib
@@ -18,6 +19,7 @@ import functools
 import json
 import os
 import platform
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -58,26 +60,46 @@ def entry_key(shape: tuple[int, int], dtype: torch.dtype, measured_bytes: int) -
 @contextlib.contextmanager
 def recorded_layouts():
     """The recorded choices as a dict (entry key -> layout), held under the lock; what the caller adds
-    is written back on exit. Yields a dict of this process alone where the cache root is not writable."""
+    is written back on exit. Where the cache root cannot be locked or written, the record is read as it
+    is (if at all) and the choices added stay with this process, with a warning."""
     path = cache_root() / FILE_NAME
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        lock = open(path.with_name(FILE_NAME + ".lock"), "a")
-    except OSError as e:
-        warnings.warn(f"weight layouts are not kept across processes ({e}); set EYAS_CACHE_DIR to a writable "
-                      f"directory so every process packs a shape alike", stacklevel=3)
-        yield {}
-        return
-    with lock:
-        if fcntl is not None:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+    with contextlib.ExitStack() as stack:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            lock = stack.enter_context(open(path.with_name(FILE_NAME + ".lock"), "a"))
+            if fcntl is not None:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+        except OSError as e:
+            _unkept(e)
+            choices = _read(path)
+            yield choices
+            return
         choices = _read(path)
         before = dict(choices)
         yield choices
         if choices != before:
-            partial = path.with_name(f"{FILE_NAME}.{os.getpid()}.partial")
-            partial.write_text(json.dumps(choices, indent=0, sort_keys=True))
-            os.replace(partial, path)  # whole or absent: a reader never sees half a file
+            try:
+                _write(path, choices)
+            except OSError as e:
+                _unkept(e)
+
+
+def _write(path: Path, choices: dict[str, str]) -> None:
+    descriptor, partial = tempfile.mkstemp(prefix=FILE_NAME + ".", suffix=".partial", dir=path.parent)
+    try:
+        with os.fdopen(descriptor, "w") as out:
+            json.dump(choices, out, indent=0, sort_keys=True)
+        os.chmod(partial, 0o644)  # as a file written plainly (mkstemp's is private)
+        os.replace(partial, path)  # whole or absent: a reader never sees half a file
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(partial)
+        raise
+
+
+def _unkept(error: OSError) -> None:
+    warnings.warn(f"weight layouts are not kept across processes ({error}); set EYAS_CACHE_DIR to a writable "
+                  f"directory so every process packs a shape alike", stacklevel=4)
 
 
 def _read(path: Path) -> dict[str, str]:
@@ -86,9 +108,9 @@ def _read(path: Path) -> dict[str, str]:
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as e:
-        warnings.warn(f"{path} is unreadable ({e}); the weight layouts will be timed again", stacklevel=4)
+        warnings.warn(f"{path} is unreadable ({e}); the weight layouts will be timed again", stacklevel=5)
         return {}
     if not isinstance(choices, dict):
-        warnings.warn(f"{path} holds no table of layouts; the weight layouts will be timed again", stacklevel=4)
+        warnings.warn(f"{path} holds no table of layouts; the weight layouts will be timed again", stacklevel=5)
         return {}
     return {k: v for k, v in choices.items() if isinstance(k, str) and isinstance(v, str)}
