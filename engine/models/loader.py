@@ -1,6 +1,8 @@
 """Load a Hugging Face decoder directory (Llama, Mistral, Qwen2, Qwen3): config.json, (sharded) safetensors."""
 
 import contextlib
+import contextvars
+import functools
 from pathlib import Path
 
 import torch
@@ -16,24 +18,31 @@ from engine.models.weight_formats import Quantization, check_int4_shapes, check_
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
+_SKIP_INIT = contextvars.ContextVar("skip_init", default=False)
+
+
 @contextlib.contextmanager
 def meta_device():
     """Modules built in here hold meta tensors, left uninitialised: the checkpoint's tensors are assigned
     next. (Initialising a meta tensor runs torch's reference ops, whose first call imports Dynamo: a
-    second of every start.)"""
-    resets = {cls: cls.reset_parameters for cls in (nn.Linear, nn.Embedding)}
+    second of every start.) Only this context's own thread skips the initialisation."""
+    _skip_init_where_asked()
+    token = _SKIP_INIT.set(True)
     try:
-        for cls in resets:
-            cls.reset_parameters = _uninitialised
         with torch.device("meta"):
             yield
     finally:
-        for cls, reset in resets.items():
-            cls.reset_parameters = reset
+        _SKIP_INIT.reset(token)
 
 
-def _uninitialised(module: nn.Module) -> None:
-    pass
+@functools.cache
+def _skip_init_where_asked() -> None:
+    """Make nn.Linear's and nn.Embedding's initialisation a no-op inside `meta_device` (once per process)."""
+    for cls in (nn.Linear, nn.Embedding):
+        def reset_parameters(module, original=cls.reset_parameters):
+            if not _SKIP_INIT.get():
+                original(module)
+        cls.reset_parameters = reset_parameters
 
 
 def checkpoint_dir(path: str | Path) -> Path:
