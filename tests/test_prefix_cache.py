@@ -242,7 +242,7 @@ def test_n_samples_hold_one_copy_of_their_prompt(spec_pair, algorithm):
             requests = eng.submit(prompt_token_ids=[prompt], sampling=params)
             eng.step()  # the prefill
             held[caching] = eng.scheduler.kv.used_pages
-            rows = [eng.scheduler.kv._rows[r.row].pages for r in requests]
+            rows = [list(eng.scheduler.kv._rows[r.row].pages) for r in requests]  # as the prefill step left them
             while eng.has_work():
                 eng.step()
             outs[caching] = [r.output_ids for r in requests]

@@ -76,3 +76,22 @@ def test_standalone_from_the_command_line_with_no_other_override(tmp_path):
 def test_a_draft_lm_with_another_vocabulary_is_refused(spec_pair):
     with pytest.raises(CheckpointError, match="vocab_size"):
         build_engine(engine_overrides(spec_pair[0], "standalone", head=asset_path("draft_lm")))
+
+
+def test_the_lm_keeps_its_kv_only_where_it_fed_the_emitted_tokens():
+    """After a verify the LM's KV is current through the accepted drafts it fed itself: where a structured
+    request's chain was refilled with a token the grammar forces (accepted, but not the LM's draft), the
+    LM must feed that position again."""
+    from types import SimpleNamespace
+
+    from engine.speculative.drafters.standalone import StandaloneDrafter
+
+    drafter = StandaloneDrafter(head=None)
+    requests = [SimpleNamespace(row=0), SimpleNamespace(row=1)]
+    for row in (0, 1):
+        drafter.computed[row] = 10 + 4  # the bonus at 10, drafts fed through 13
+        drafter._drafted[row] = [5, 6, 7, 8]
+    verified = SimpleNamespace(prefix_lens=[10, 10], emitted=[[5, 6, 3], [5, 9, 3]])  # row 1: 9 was the grammar's
+    drafter.after_verify(requests, verified, None)
+    assert drafter.computed == {0: 10 + 3, 1: 10 + 2}
+

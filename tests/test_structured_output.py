@@ -121,6 +121,14 @@ def test_the_tokens_a_grammar_forces_fill_a_lookup_chain_past_its_drafts(spec_pa
             runs[masked] = eng.metrics()["mean_accept_length"]
             assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
     assert runs[True] > runs[False] + 0.5, runs
+    sampled = [structured({"json_schema": SCHEMAS[i]}, temperature=0.9, seed=i) for i in (0, 2)]
+    for masked in (True, False):  # filled drafts verified by rejection sampling
+        with build_engine(engine_overrides(target, algorithm, "speculative.verify=rejection",
+                                           f"speculative.mask_drafts={str(masked).lower()}", num_steps=6)) as eng:
+            for out, p in zip(eng.generate(prompts, sampled), sampled):
+                jsonschema.validate(json.loads(out.text), p.structured_output["json_schema"])
+            runs[masked] = eng.metrics()["mean_accept_length"]
+    assert runs[True] > runs[False], runs
 
 
 def test_a_forced_chain_keeps_the_allowed_drafts_then_takes_what_the_grammar_forces():

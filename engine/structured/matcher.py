@@ -1,5 +1,7 @@
 """One request's grammar state: the tokens its output may take next, along any path of drafts."""
 
+import itertools
+
 import torch
 
 class GrammarMatcher:
@@ -69,7 +71,8 @@ class GrammarMatcher:
             consumed += 1
         start = consumed + 1
         if start < len(out) and not self.matcher.is_stopped():
-            forced = [t for t in self.matcher.compute_ff_tokens() if 0 <= t < self.vocab_size][:len(out) - start]
+            forced = list(itertools.takewhile(lambda t: 0 <= t < self.vocab_size,
+                                              self.matcher.compute_ff_tokens()))[:len(out) - start]
             out[start:] = forced + [-1] * (len(out) - start - len(forced))
         if consumed:
             self.matcher.rollback(consumed)

@@ -25,6 +25,7 @@ class StandaloneDrafter:
     def __init__(self, head: DraftHead):
         self.head = head
         self.computed: dict[int, int] = {}  # request-table row -> positions of its draft KV that are current
+        self._drafted: dict[int, list[int]] = {}  # row -> the chain it drafted this cycle
 
     def start(self, requests: list[Request], starts: list[int], out: ForwardOutput, first: list[int]) -> None:
         for request in requests:  # the first catch-up prefills the LM past the cached prefix (every chunk at once)
@@ -51,16 +52,23 @@ class StandaloneDrafter:
         # feeds the bonus's k - 1 successors at L+1..L+k-1
         chain = self.head.chain(rows, after_bonus, sampling, bonus, candidate.num_steps, state.draft_decode_backend,
                                 graph=state.draft_graph)
-        for request in requests:
+        for request, drafts in zip(requests, chain.tokens[:, 1:].tolist()):
             self.computed[request.row] = request.num_computed + candidate.num_steps
+            self._drafted[request.row] = drafts
         return chain
 
     def after_verify(self, requests: list[Request], verified: Verified, state) -> None:
-        for request, start, tokens in zip(requests, verified.prefix_lens, verified.emitted):  # roll back to the accepted prefix
-            self.computed[request.row] = min(self.computed[request.row], start + len(tokens))
+        for request, start, tokens in zip(requests, verified.prefix_lens, verified.emitted):
+            # roll back to the accepted prefix of its own drafts: a structured request's chain may have
+            # been refilled with tokens the grammar forces, whose positions the LM fed other tokens
+            drafted = self._drafted.pop(request.row, None)
+            agreed = len(tokens) - 1 if drafted is None else next(
+                (j for j, (token, draft) in enumerate(zip(tokens[:-1], drafted)) if token != draft), len(tokens) - 1)
+            self.computed[request.row] = min(self.computed[request.row], start + 1 + agreed)
 
     def release(self, request: Request) -> None:
         self.computed.pop(request.row, None)
+        self._drafted.pop(request.row, None)
 
     def _catch_up(self, requests: list[Request]) -> tuple[list[int], list[int]]:
         """Feed each request's tokens from its current draft KV through its bonus (position L); keep the
