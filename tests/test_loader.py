@@ -254,3 +254,33 @@ def test_eagle3_head_on_a_shallow_target_names_its_aux_layers(tmp_path, aux, mes
     with pytest.raises(CheckpointError, match=message):
         build_engine([f"model.path={target}", "speculative=eagle3", "draft=eagle3", f"draft.path={head}",
                       "adaptive=off"])
+
+
+def test_models_build_without_initialising_and_leave_other_threads_alone():
+    """A model is built on meta without initialising its weights (initialising meta tensors imports
+    Dynamo: a second of every start), while a module another thread builds meanwhile is initialised."""
+    import subprocess
+    import sys
+    import threading
+
+    from torch import nn
+
+    from engine.models.loader import meta_device
+
+    script = "import sys; from engine import build_engine; build_engine([]); print('torch._dynamo' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert done.stdout.split()[-1] == "False", done.stdout + done.stderr
+    inside, started, built = threading.Event(), threading.Event(), []
+
+    def other_thread():
+        inside.wait()
+        built.append(nn.Linear(8, 8))
+        started.set()
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    with meta_device():
+        skipped = nn.Linear(8, 8)
+        inside.set()
+        started.wait(timeout=30)
+    thread.join()
+    assert skipped.weight.is_meta and bool(built[0].weight.abs().sum() > 0)

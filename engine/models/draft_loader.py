@@ -11,7 +11,8 @@ from engine.models.eagle import EagleDraftModel
 from engine.models.eagle3 import Eagle3DraftModel
 from engine.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 from engine.models.standalone_draft import load_standalone_draft
-from engine.models.loader import assign_state, checkpoint_dir, meta_device, pack_for_inference, read_tensors, resolve_dtype
+from engine.models.loader import (assign_state, checkpoint_dir, meta_device, pack_for_inference, read_tensors,
+                                  resolve_dtype)
 from engine.models.weight_formats import Quantization, check_quantization
 
 # heads are one Llama decoder layer whatever their target's family

@@ -40,7 +40,8 @@ def cache_root() -> Path:
 
 def machine() -> str:
     """What a timing depends on besides the shape: the CPU, the kernels torch dispatches to, its threads."""
-    return f"{_cpu_model()}|{torch.backends.cpu.get_cpu_capability()}|torch {torch.__version__}|{torch.get_num_threads()} threads"
+    return (f"{_cpu_model()}|{torch.backends.cpu.get_cpu_capability()}|torch {torch.__version__}"
+            f"|{torch.get_num_threads()} threads")
 
 
 @functools.cache

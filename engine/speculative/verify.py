@@ -54,7 +54,7 @@ class TargetVerifier:
         state's verify backend; the accepted path of each request (and the logprobs of its emitted
         tokens, for requests that ask: `logprobs.record`)."""
         rows, prefix_lens = [r.row for r in requests], [r.num_computed for r in requests]
-        grammar, proposed = sampling.grammar, tree  # positions proposed: the drafter's, and any the grammar filled
+        grammar, proposed = sampling.grammar, tree
         if grammar is not None:  # drafts a grammar rejects are cut before the forward (a chain's refilled
             # with the tokens it forces, where the drafts are deterministic: a drawn draft's q is the head's)
             tree = replace(tree, tokens=grammar.prepare(tree.tokens, None if tree.is_chain else tree.parents,
@@ -75,7 +75,8 @@ class TargetVerifier:
         if grammar is not None:
             logits = grammar.apply(logits)
         accept_lens, path, chosen = self.accept(logits, tree, sampling)
-        verified = self._verified(prefix_lens, tree, out, accept_lens, path, chosen, torch.maximum(proposed.reach(), tree.reach()).tolist())
+        reach = torch.maximum(proposed.reach(), tree.reach())  # the drafter's positions and any the grammar filled
+        verified = self._verified(prefix_lens, tree, out, accept_lens, path, chosen, reach.tolist())
         if grammar is not None:
             grammar.commit(verified.emitted)
         if any(r.params.logprobs is not None for r in requests):

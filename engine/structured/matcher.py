@@ -65,7 +65,8 @@ class GrammarMatcher:
         where it started."""
         out, consumed = list(tokens), 0
         for token in tokens[1:]:
-            if self.matcher.is_stopped() or not 0 <= token < self.vocab_size or self.matcher.validate_tokens([token]) != 1:
+            if (self.matcher.is_stopped() or not 0 <= token < self.vocab_size
+                    or self.matcher.validate_tokens([token]) != 1):
                 break
             self.matcher.consume_token(token)
             consumed += 1
