@@ -29,7 +29,8 @@ class WeightLayout(str, Enum):
     auto = "auto"
     transposed = "transposed"
     linear = "linear"
-    onednn = "onednn"  # oneDNN's blocked layout and GEMM (float32, CPU; not inside compiled graphs)
+    onednn = "onednn"  # oneDNN's blocked layout and GEMM (float32, CPU)
+    blocked = "blocked"  # blocks of 16 output columns, eyas's own small-batch GEMM (float32, CPU; built on first use)
 
 
 class QuantizationScheme(str, Enum):
@@ -91,8 +92,8 @@ class AdaptivePolicy(str, Enum):
 class ModelConfig:
     path: str = MISSING  # a Hugging Face Llama directory
     dtype: DType = DType.auto  # auto = the checkpoint's torch_dtype
-    # fused projections stored [in, out] (transposed, x @ W), [out, in] (linear) or in oneDNN's blocked
-    # layout (onednn); auto: timed at load
+    # fused projections stored [in, out] (transposed, x @ W), [out, in] (linear), in oneDNN's blocked
+    # layout (onednn) or in blocks of 16 output columns (blocked); auto: timed once per machine
     weight_layout: WeightLayout = WeightLayout.auto
     quantization: QuantizationScheme = QuantizationScheme.none  # the target's linear layers, stored at load
     quantization_group_size: int = 128  # int4: input features per scale and zero point (32, 64, 128, 256)

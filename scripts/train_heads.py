@@ -136,7 +136,7 @@ def export(heads: Heads, target, cfg, ttt_report: dict, aux_layer_ids: tuple[int
 @hydra.main(config_path="conf", config_name="heads", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     corpus_dir, tok_dir, work_dir = prepare(cfg)
-    target = load_model(resolve(cfg.target_dir), dtype="float32")
+    target = load_model(resolve(cfg.target_dir), dtype="float32", weight_layout="linear")  # its weights are read: dense
     num_layers = target.config.num_hidden_layers
     aux_layer_ids = (2, num_layers // 2, num_layers - 3)
     cache_dir = resolve(cfg.work_dir) / "data"

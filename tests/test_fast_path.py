@@ -25,7 +25,7 @@ from conftest import PLAIN, engine_overrides
 from test_attention import naive_attention
 
 
-@pytest.mark.parametrize("layout", ["transposed", "linear", "onednn"])
+@pytest.mark.parametrize("layout", ["transposed", "linear", "onednn", "blocked"])
 @pytest.mark.parametrize("bias", [False, True])
 def test_fused_linear_equals_its_members(layout, bias):
     torch.manual_seed(0)
@@ -39,7 +39,7 @@ def test_fused_linear_equals_its_members(layout, bias):
         torch.testing.assert_close(fused(x), expected, atol=1e-6, rtol=1e-6)
         torch.testing.assert_close(fused(x, residual), expected + residual, atol=1e-6, rtol=1e-6)
         torch.testing.assert_close(fused(x[:1]), expected[:1], atol=1e-6, rtol=1e-6)  # a decode's one row
-    if layout == "onednn":  # its own blocked copy: the members' weights are released, shapes kept
+    if layout in ("onednn", "blocked"):  # its own blocked copy: the members' weights are released, shapes kept
         assert fused.kernel is not None and all(m.weight.is_meta and m.weight.shape == w.shape
                                                 for m, (w, _) in zip(members, originals))
         return
@@ -49,7 +49,7 @@ def test_fused_linear_equals_its_members(layout, bias):
         assert b is None or torch.equal(m.bias, b)
 
 
-@pytest.mark.parametrize("layout", ["transposed", "linear", "onednn"])
+@pytest.mark.parametrize("layout", ["transposed", "linear", "onednn", "blocked"])
 def test_exact_rows_compute_each_row_as_it_is_alone(layout):
     # what makes a verify's logprobs a decode's bit for bit: under exact_rows every row of a call equals
     # that row's call alone (dense GEMMs run a row per call; oneDNN's was found row-invariant or does too)
@@ -75,7 +75,7 @@ def test_unpacked_fused_linear_trains_its_members():
 def test_weight_layout_choices(gqa_checkpoint):
     shapes = {"qkv": (64, 128), "down": (128, 64)}
     assert choose_layouts(shapes, "linear", torch.float32, torch.device("cpu")) == {"qkv": "linear", "down": "linear"}
-    assert set(choose_layouts(shapes, "auto", torch.float32, torch.device("cpu")).values()) <= {"linear", "transposed", "onednn"}
+    assert set(choose_layouts(shapes, "auto", torch.float32, torch.device("cpu")).values()) <= {"linear", "transposed", "onednn", "blocked"}
     with pytest.raises(ConfigError, match="model.weight_layout must be one of .*auto.*transposed.*linear"):
         choose_layouts(shapes, "columns", torch.float32, torch.device("cpu"))
     with pytest.raises(ConfigError, match="model.weight_layout"):
@@ -107,7 +107,7 @@ def test_auto_layouts_are_timed_once_per_machine_and_kept(tmp_path, monkeypatch)
     (tmp_path / layout_store.FILE_NAME).write_text(json.dumps(other))
     monkeypatch.setattr(fused_linear, "_MEASURED", {})
     chosen = choose_layouts(shapes, "auto", torch.float32, cpu, model_bytes=1 << 20)
-    assert chosen != first and chosen["qkv"] == other[layout_store.entry_key((64, 128), torch.float32, 1 << 20)]
+    assert chosen != first and chosen["qkv"] == other[fused_linear.record_key((64, 128), torch.float32, torch.device("cpu"), 1 << 20)]
 
 
 def test_a_second_process_packs_as_the_first_timed(tmp_path):
@@ -158,12 +158,12 @@ def test_an_unreadable_or_foreign_layout_record_is_timed_again(tmp_path, monkeyp
     monkeypatch.setenv("EYAS_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(fused_linear, "_MEASURED", {})
     path = tmp_path / layout_store.FILE_NAME
-    path.write_text(content.replace("%s", layout_store.entry_key((64, 128), torch.float32, 0)))
+    path.write_text(content.replace("%s", fused_linear.record_key((64, 128), torch.float32, torch.device("cpu"))))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         chosen = choose_layouts({"qkv": (64, 128)}, "auto", torch.float32, torch.device("cpu"))
     assert chosen["qkv"] in fused_linear.LAYOUTS
-    assert json.loads(path.read_text()) == {layout_store.entry_key((64, 128), torch.float32, 0): chosen["qkv"]}
+    assert json.loads(path.read_text()) == {fused_linear.record_key((64, 128), torch.float32, torch.device("cpu")): chosen["qkv"]}
     warned = any("timed again" in str(w.message) for w in caught)
     assert warned == (not content.startswith('{"'))  # a layout it does not know is timed again, silently
 
@@ -188,7 +188,7 @@ def test_loaded_model_keeps_checkpoint_tensors(gqa_checkpoint, layout):
     assert model.model.layers[0].self_attn.qkv.layout == layout
 
 
-@pytest.mark.parametrize("layout", ["transposed", "linear", "onednn"])
+@pytest.mark.parametrize("layout", ["transposed", "linear", "onednn", "blocked"])
 def test_greedy_output_same_in_every_layout(gqa_checkpoint, layout):
     params = SamplingParams(max_new_tokens=12, ignore_eos=True)
     prompts = [[5, 9, 2, 44], [17, 3, 3, 8, 120, 6]]
@@ -199,9 +199,10 @@ def test_greedy_output_same_in_every_layout(gqa_checkpoint, layout):
     assert outs["auto"] == outs[layout]
 
 
-def test_onednn_layout_is_refused_where_it_cannot_run(gqa_checkpoint):
-    with pytest.raises(ConfigError, match="model.weight_layout=onednn runs float32 weights.*bfloat16"):
-        build_engine([*PLAIN, f"model.path={gqa_checkpoint}", "model.weight_layout=onednn", "model.dtype=bfloat16"])
+@pytest.mark.parametrize("layout", ["onednn", "blocked"])
+def test_float32_cpu_layouts_are_refused_where_they_cannot_run(gqa_checkpoint, layout):
+    with pytest.raises(ConfigError, match=f"model.weight_layout={layout} runs float32 weights.*bfloat16"):
+        build_engine([*PLAIN, f"model.path={gqa_checkpoint}", f"model.weight_layout={layout}", "model.dtype=bfloat16"])
 
 
 def fused_layouts(model) -> set:
@@ -209,19 +210,20 @@ def fused_layouts(model) -> set:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("layout", ["onednn", "blocked"])
 @pytest.mark.parametrize("mode", ["compile", "aot"])
-def test_graphs_run_the_onednn_layout_as_eager_does(gqa_checkpoint, tmp_path, mode):
-    """Compiled forwards take oneDNN's weights as inputs and call oneDNN's GEMM (aot: no fallback to
-    compile), and decode as the eager forward does, one request and a batch."""
+def test_graphs_run_the_packed_layouts_as_eager_does(gqa_checkpoint, tmp_path, mode, layout):
+    """Compiled forwards take oneDNN's or the blocked weights as inputs and call their GEMM (aot: no
+    fallback to compile), and decode as the eager forward does, one request and a batch."""
     params = SamplingParams(max_new_tokens=12, ignore_eos=True)
     prompts = [[5, 9, 2, 44], [17, 3, 3, 8, 120, 6], [7] * 12]
-    base = [*PLAIN, f"model.path={gqa_checkpoint}", "model.weight_layout=onednn"]
+    base = [*PLAIN, f"model.path={gqa_checkpoint}", f"model.weight_layout={layout}"]
     outs = {}
     for name in ("eager", mode):
         with build_engine([*base, f"graphs.mode={name}", f"graphs.cache_dir={tmp_path}"]) as eng:
             outs[name] = [[o.token_ids for o in eng.generate(prompt_token_ids=p, sampling=params)]
                           for p in (prompts[:1], prompts)]
-            assert fused_layouts(eng.worker.runner.model) == {"onednn"}
+            assert fused_layouts(eng.worker.runner.model) == {layout}
             if name != "eager":
                 graph = eng.worker.graph
                 assert graph.num_runs > 0
@@ -233,17 +235,18 @@ def test_graphs_run_the_onednn_layout_as_eager_does(gqa_checkpoint, tmp_path, mo
 
 @pytest.mark.parametrize("shape", [dict(num_steps=3), dict(num_steps=3, topk=2, nodes=6)], ids=["chain", "tree"])
 @pytest.mark.parametrize("algorithm", ["eagle", "eagle3"])
-def test_speculation_in_the_onednn_layout_equals_its_plain_decoding(spec_pair, plain_reference, algorithm, shape):
+@pytest.mark.parametrize("layout", ["onednn", "blocked"])
+def test_speculation_in_a_packed_layout_equals_its_plain_decoding(spec_pair, plain_reference, algorithm, shape, layout):
     target, heads = spec_pair
     params = SamplingParams(max_new_tokens=24, ignore_eos=True)
     prompts = [[5, 9, 2, 44], [17, 3, 3, 8, 120, 6], [7] * 12]
-    with build_engine(engine_overrides(target, algorithm, "model.weight_layout=onednn", head=heads[algorithm],
+    with build_engine(engine_overrides(target, algorithm, f"model.weight_layout={layout}", head=heads[algorithm],
                                        **shape)) as eng:
-        assert fused_layouts(eng.worker.target_runner.model) == {"onednn"}
-        assert "onednn" in fused_layouts(eng.worker.drafter.head.model)
+        assert fused_layouts(eng.worker.target_runner.model) == {layout}
+        assert layout in fused_layouts(eng.worker.drafter.head.model)
         got = [o.token_ids for o in eng.generate(prompt_token_ids=prompts, sampling=params)]
         accepted = eng.metrics()["mean_accept_length"]
-    assert got == plain_reference(target, prompts, params, "model.weight_layout=onednn")
+    assert got == plain_reference(target, prompts, params, f"model.weight_layout={layout}")
     assert accepted > 1.2  # the drafts were taken, not all refused
 
 

@@ -36,7 +36,7 @@ def train_heads(target_dir: Path, eagle_dir: Path, eagle3_dir: Path, *, steps: i
                 seed: int = 0) -> None:
     torch.manual_seed(seed)
     windows = sampled_windows(target_dir, 96, 48, seed)
-    target = load_model(target_dir, dtype="float32")
+    target = load_model(target_dir, dtype="float32", weight_layout="linear")  # its weights are read: dense
     num_layers = target.config.num_hidden_layers
     aux_layer_ids = (min(2, num_layers - 1), num_layers // 2, max(num_layers - 3, 0))
     counts = torch.bincount(windows.flatten(), minlength=target.config.vocab_size)

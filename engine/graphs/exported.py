@@ -30,7 +30,9 @@ from engine.graphs.graph_attention import GraphAttention
 from engine.graphs.graph_forward import graph_forward
 from engine.graphs.tensor_places import NotExportable, standing_in, tensor_places
 from engine.models.fused_linear import FusedLinear
+from engine.models.blocked_weights import BlockedWeights
 from engine.models.onednn_weights import OneDnnWeights
+from kernels import cpu_gemm
 
 log = logging.getLogger("eyas.graphs")
 # (id(model), id(pool), capture layers, tree) -> its forward, while a runner holds it (it holds the model)
@@ -75,7 +77,7 @@ class ExportedForward:
         self._packages: dict[tuple[bool, bool], object] = {}
         self._fallback: CompiledForward | None = None
         try:
-            if any(isinstance(v, FusedLinear) and v.kernel is not None and not isinstance(v.kernel, OneDnnWeights)
+            if any(isinstance(v, FusedLinear) and v.kernel is not None and not isinstance(v.kernel, (OneDnnWeights, BlockedWeights))
                    for m in model.modules() for v in vars(m).values()):
                 raise NotExportable("a compressed weight format runs its own kernel")
             found = tensor_places(model)
@@ -184,6 +186,7 @@ class ExportedForward:
         for folder in _SOURCES:
             for source in sorted((engine_dir / folder).glob("*.py")):
                 digest.update(source.read_bytes())
+        digest.update(cpu_gemm.SOURCE.read_bytes())  # the op a package of the blocked layout calls
         return digest.hexdigest()[:32]
 
 

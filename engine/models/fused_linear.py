@@ -8,16 +8,17 @@ tensor, and the member modules' parameters become views of that tensor, so the m
 
 Layouts: `"transposed"` keeps the weight as [in, out] and runs `x @ W` (`addmm` when a residual or a
 bias is added); `"linear"` keeps [out, in] and runs `F.linear`; `"onednn"` (float32 on CPU) keeps it in
-oneDNN's blocked layout and runs oneDNN's GEMM (`onednn_weights`). `measure_layout` times them for a
+oneDNN's blocked layout and runs oneDNN's GEMM (`onednn_weights`); `"blocked"` (float32 on CPU) keeps it
+in blocks of 16 output columns for eyas's own small-batch GEMM (`blocked_weights`). `measure_layout` times them for a
 weight shape at a few row counts and returns the fastest. A compressed format (`"fp16"`, or a
 `Quantization`: see `weight_formats`) stores the fused weight in fewer bytes with its own kernel. With
-a kernel of its own (`onednn` or compressed) the members' float weights are released (left as meta
+a kernel of its own (`onednn`, `blocked` or compressed) the members' float weights are released (left as meta
 tensors that keep their shape and dtype).
 
 Exact rows: inside `exact_rows()` (the forwards of requests that ask for logprobs) every projection
 computes each row as it would alone, whatever the other rows of the call, so a verify's positions are
 computed bit for bit as one-token decodes of them. A kernel measured row-invariant here (`_row_invariant`:
-oneDNN's over its reordered weight; the compressed formats by construction) runs as usual; a dense
+oneDNN's over its reordered weight, the blocked GEMM; the compressed formats by construction) runs as usual; a dense
 GEMM (MKL's, which blocks its sums differently by row count) runs one row per call.
 """
 
@@ -31,10 +32,12 @@ from torch.nn import functional as F
 
 from engine.errors import ConfigError
 from engine.models import layout_store
+from engine.models.blocked_weights import BlockedWeights, blocked_available, kernel_error
 from engine.models.onednn_weights import OneDnnWeights, onednn_available
 from engine.models.weight_formats import Quantization, compressed_weights, fbgemm_available, fp16_fits
 
-LAYOUTS = ("transposed", "linear", "onednn")
+LAYOUTS = ("transposed", "linear", "onednn", "blocked")
+_OWN_KERNEL = {"onednn": OneDnnWeights, "blocked": BlockedWeights}  # float layouts with a kernel of their own
 
 _EXACT_ROWS = contextvars.ContextVar("exact_rows", default=False)
 
@@ -55,7 +58,7 @@ class FusedLinear:
         self.weight: torch.Tensor | None = None  # packed: [in, out] (transposed) or [out, in] (linear)
         self.bias: torch.Tensor | None = None  # packed: [out]
         self.layout: str | Quantization | None = None
-        self.kernel = None  # onednn's or a compressed format's weights and kernel: x [N, in] -> [N, out]
+        self.kernel = None  # onednn's, blocked or a compressed format's weights and kernel: x [N, in] -> [N, out]
         self.row_invariant = False  # the packed GEMM computes a row alike at any row count (see exact rows)
 
     @property
@@ -64,9 +67,9 @@ class FusedLinear:
 
     def pack(self, layout: "str | Quantization", release: bool = True) -> None:
         """Fuse the member weights into one tensor in `layout`; the members' parameters become views of it.
-        A layout with its own kernel (onednn, compressed) keeps its own copy and releases the members'
+        A layout with its own kernel (onednn, blocked, compressed) keeps its own copy and releases the members'
         weights unless `release` is false (a tied lm_head's weight is the embedding's)."""
-        if isinstance(layout, Quantization) or layout in ("fp16", "onednn"):
+        if isinstance(layout, Quantization) or layout == "fp16" or layout in _OWN_KERNEL:
             return self._pack_with_kernel(layout, release)
         if layout not in LAYOUTS:
             raise ValueError(f"weight layout must be one of {list(LAYOUTS)}, got {layout!r}")
@@ -97,10 +100,10 @@ class FusedLinear:
             bias = torch.cat([linear.bias for linear in self.linears]) if has_bias else None
         if layout == "fp16" and not fp16_fits(weight):
             return self.pack("linear")  # a weight beyond float16's range keeps the dense kernel
-        self.kernel = OneDnnWeights(weight, bias) if layout == "onednn" else compressed_weights(weight, bias, layout)
+        self.kernel = _OWN_KERNEL[layout](weight, bias) if layout in _OWN_KERNEL else compressed_weights(weight, bias, layout)
         self.layout = layout
-        # compressed kernels compute each row on its own (weight_formats); oneDNN's is measured
-        self.row_invariant = _row_invariant(self.kernel, weight.shape[1], weight.dtype) if layout == "onednn" else True
+        # compressed kernels compute each row on its own (weight_formats); oneDNN's and the blocked one are measured
+        self.row_invariant = _row_invariant(self.kernel, weight.shape[1], weight.dtype) if layout in _OWN_KERNEL else True
         if release:
             for linear in self.linears:
                 linear.weight = nn.Parameter(torch.empty_like(linear.weight, device="meta"), requires_grad=False)
@@ -116,7 +119,7 @@ class FusedLinear:
         return self._gemm(x, residual)
 
     def _gemm(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
-        if isinstance(self.kernel, OneDnnWeights):
+        if isinstance(self.kernel, (OneDnnWeights, BlockedWeights)):
             return self.kernel(x, residual)
         if self.kernel is not None:
             out = self.kernel(x)
@@ -171,8 +174,9 @@ def measure_layout(in_features: int, out_features: int, dtype: torch.dtype, devi
     inputs = [torch.randn(m, in_features, dtype=dtype, device=device) for m in rows]
     kernels = {"transposed": [w.t().contiguous() for w in weights], "linear": weights}
     calls = {"transposed": torch.mm, "linear": lambda x, w: F.linear(x, w)}
-    if onednn_available(dtype, device):
-        kernels["onednn"], calls["onednn"] = [OneDnnWeights(w, None) for w in weights], lambda x, w: w(x)
+    for name in _usable_layouts(dtype, device):
+        if name in _OWN_KERNEL:
+            kernels[name], calls[name] = [_OWN_KERNEL[name](w, None) for w in weights], lambda x, w: w(x)
     best = {}
     with torch.inference_mode():
         for name, call in calls.items():
@@ -213,22 +217,34 @@ def choose_layouts(shapes: dict[str, tuple[int, int]], weight_layout: str, dtype
         if weight_layout == "onednn" and not onednn_available(dtype, device):
             raise ConfigError(f"model.weight_layout=onednn runs float32 weights on a CPU with oneDNN; this model is "
                               f"{str(dtype).removeprefix('torch.')} on {device.type}: set model.weight_layout=auto")
+        if weight_layout == "blocked" and not blocked_available(dtype, device):
+            why = kernel_error() if device.type == "cpu" and dtype == torch.float32 else \
+                f"this model is {str(dtype).removeprefix('torch.')} on {device.type}"
+            raise ConfigError(f"model.weight_layout=blocked runs float32 weights on a CPU with eyas's own GEMM kernel; "
+                              f"{why}: set model.weight_layout=auto")
         return {name: weight_layout for name in shapes}
     if device.type != "cpu":
         return dict.fromkeys(shapes, "linear")  # GPU GEMMs take either layout at full speed; keep the checkpoint's
-    measured_bytes = min(model_bytes, _MAX_MEASURED_BYTES)
-    keys = {name: layout_store.entry_key(shape, dtype, measured_bytes) for name, shape in shapes.items()}
+    usable = _usable_layouts(dtype, device)
+    keys = {name: record_key(shape, dtype, device, model_bytes) for name, shape in shapes.items()}
     timed = {name: shape for name, shape in shapes.items() if shape[0] * shape[1] <= _MAX_MEASURED_NUMEL}
     if any(keys[name] not in _MEASURED for name in timed):
         with layout_store.recorded_layouts() as recorded:
             for name, shape in timed.items():
                 key = keys[name]
                 if key not in _MEASURED:
-                    if recorded.get(key) not in _usable_layouts(dtype, device):
+                    if recorded.get(key) not in usable:
                         recorded[key] = measure_layout(*shape, dtype, device, model_bytes=model_bytes)
                     _MEASURED[key] = recorded[key]
     return {name: _MEASURED[keys[name]] if name in timed else "linear" for name in shapes}
 
 
+def record_key(shape: tuple[int, int], dtype: torch.dtype, device: torch.device, model_bytes: int = 0) -> str:
+    """The layout record's key of a shape timed against the layouts usable here (a choice made among fewer
+    is made again where more can run)."""
+    return layout_store.entry_key(shape, dtype, min(model_bytes, _MAX_MEASURED_BYTES), _usable_layouts(dtype, device))
+
+
 def _usable_layouts(dtype: torch.dtype, device: torch.device) -> tuple[str, ...]:
-    return LAYOUTS if onednn_available(dtype, device) else ("transposed", "linear")
+    return ("transposed", "linear", *(name for name, usable in (("onednn", onednn_available), ("blocked", blocked_available))
+                                      if usable(dtype, device)))

@@ -8,7 +8,7 @@ machine records its choice, and every later one packs by it.
 
 The record: `weight_layouts.json` in the cache root (`$EYAS_CACHE_DIR`, else `$XDG_CACHE_HOME/eyas`,
 else `~/.cache/eyas`), one entry per machine (CPU model and capability, torch's version, threads),
-weight shape, dtype and bytes timed. It is read and written under an exclusive lock and replaced
+weight shape, dtype, bytes timed and the layouts timed against each other. It is read and written under an exclusive lock and replaced
 whole, so two processes starting together time a shape once. A choice is kept as it was timed (on a
 machine busy at the time, too): delete the file to time again. Where the cache root cannot be locked
 or written, the record is read as it is and new choices stay with the process, with a warning.
@@ -54,8 +54,10 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def entry_key(shape: tuple[int, int], dtype: torch.dtype, measured_bytes: int) -> str:
-    return f"{machine()}|{shape[0]}x{shape[1]}|{str(dtype).removeprefix('torch.')}|{measured_bytes} bytes"
+def entry_key(shape: tuple[int, int], dtype: torch.dtype, measured_bytes: int, layouts: tuple[str, ...]) -> str:
+    """layouts: those timed against each other."""
+    return (f"{machine()}|{shape[0]}x{shape[1]}|{str(dtype).removeprefix('torch.')}|{measured_bytes} bytes"
+            f"|{','.join(layouts)}")
 
 
 @contextlib.contextmanager
