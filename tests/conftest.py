@@ -28,6 +28,18 @@ from trained_heads import train_heads  # noqa: E402
 
 PLAIN = ["speculative=none", "draft=none"]  # the default config speculates with the shipped heads
 
+
+def cache_root_with_cpu_kernels(root: Path) -> Path:
+    """A fresh cache root holding the CPU kernels this test run built, so a process started on it loads them
+    instead of compiling them again (what it records is its own)."""
+    from engine.cpu_ops import cpu_ops_error
+    from kernels import cpu_ops
+
+    assert cpu_ops_error() is None
+    (root / "kernels").mkdir(parents=True, exist_ok=True)
+    shutil.copy2(cpu_ops.loaded_library(), root / "kernels")
+    return root
+
 # the code prompts of the lossless checks, for every module without a reason for prompts of its own
 PROMPTS = ["def add(a, b):", "import os", "class Point:\n    def __init__(self, x, y):", "for", "x = [1, 2, 3]"]
 # a batch of 16 (PROMPTS first) for the checks at full batch: greedy and seeded sampled requests side

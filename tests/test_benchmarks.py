@@ -210,3 +210,12 @@ def test_bench_structured_compares_masked_and_unmasked_drafts(tmp_path):
     assert rows["k=3 mask_drafts=true"]["tau"] >= rows["k=3 mask_drafts=false"]["tau"] and "valid outputs" in out
     cost = run_script("bench_structured.py", "--mask-cost")
     assert "llguidance:" in cost and "median" in cost
+
+
+def test_bench_layouts_times_every_float32_layout():
+    out = run_script("bench_layouts.py", "--rows", "1,7", "--rounds", "1")
+    assert out.startswith("49 fused projections, ")
+    for rows in (1, 7):
+        line = next(line for line in out.splitlines() if line.startswith(f"rows {rows:3d}: "))
+        assert "transposed " in line and "linear " in line and "blocked " in line and "(1.00x)" in line
+        assert "OUTPUTS DIFFER" not in line

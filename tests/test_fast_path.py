@@ -21,7 +21,7 @@ from engine.models import fused_linear, layout_store
 from engine.models.fused_linear import FusedLinear, choose_layouts, exact_rows
 from engine.models.loader import load_model
 from engine.models.rope import RotaryEmbedding
-from conftest import PLAIN, engine_overrides
+from conftest import PLAIN, cache_root_with_cpu_kernels, engine_overrides
 from test_attention import naive_attention
 
 
@@ -120,7 +120,7 @@ fused_linear.measure_layout = lambda *a, **k: timed.append(a[:2]) or measure(*a,
 chosen = fused_linear.choose_layouts({"qkv": (64, 128), "down": (128, 64)}, "auto", torch.float32, torch.device("cpu"))
 print(len(timed), chosen["qkv"], chosen["down"])
 """
-    env = {**os.environ, "EYAS_CACHE_DIR": str(tmp_path)}
+    env = {**os.environ, "EYAS_CACHE_DIR": str(cache_root_with_cpu_kernels(tmp_path))}
     runs = [subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True).stdout.split()
             for _ in range(2)]
     assert runs[0][0] == "2" and runs[1][0] == "0" and runs[0][1:] == runs[1][1:]
@@ -146,7 +146,7 @@ print(fused_linear.choose_layouts({"qkv": (64, 128)}, "auto", torch.float32, tor
 """
     ready = tmp_path / "ready"
     ready.mkdir()
-    env = {**os.environ, "EYAS_CACHE_DIR": str(tmp_path / "cache")}
+    env = {**os.environ, "EYAS_CACHE_DIR": str(cache_root_with_cpu_kernels(tmp_path / "cache"))}
     procs = [subprocess.Popen([sys.executable, "-c", script, str(ready), str(i)], env=env, stdout=subprocess.PIPE,
                               text=True) for i in range(2)]
     outs = [p.communicate(timeout=120)[0].split() for p in procs]

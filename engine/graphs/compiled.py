@@ -17,7 +17,7 @@ import weakref
 
 import torch
 
-from engine.graphs.graph_attention import GraphAttention
+from engine.graphs.graph_attention import GraphAttention, paged_kernel_runs
 from engine.graphs.graph_forward import graph_forward
 from engine.models.llama import RMSNorm
 from engine.models.rope import RotaryEmbedding
@@ -31,7 +31,7 @@ _COMPILED: "weakref.WeakValueDictionary[tuple, CompiledForward]" = weakref.WeakV
 
 class CompiledForward:
     def __init__(self, model, kv_pool, capture_layers: tuple[int, ...], tree: bool, max_position: int):
-        attention = GraphAttention(model.config.head_dim)
+        attention = GraphAttention(model.config.head_dim, paged_kernel_runs(kv_pool))
         prepare_model(model, max_position)
         self.name = f"{type(model).__name__}{' tree' if tree else ''}"
         self.shapes_seen: set[tuple[bool, bool]] = set()  # (one request, one token each) of the graphs compiled

@@ -26,13 +26,13 @@ from pathlib import Path
 import torch
 
 from engine.graphs.compiled import CompiledForward, prepare_model
-from engine.graphs.graph_attention import GraphAttention
+from engine.graphs.graph_attention import GraphAttention, paged_kernel_runs
 from engine.graphs.graph_forward import graph_forward
 from engine.graphs.tensor_places import NotExportable, standing_in, tensor_places
 from engine.models.fused_linear import FusedLinear
 from engine.models.blocked_weights import BlockedWeights
 from engine.models.onednn_weights import OneDnnWeights
-from kernels import cpu_gemm
+from kernels import cpu_ops
 
 log = logging.getLogger("eyas.graphs")
 # (id(model), id(pool), capture layers, tree) -> its forward, while a runner holds it (it holds the model)
@@ -51,11 +51,12 @@ class _Exportable(torch.nn.Module):
     """`graph_forward` with every tensor it reads as an input. It holds the model outside its module
     tree, so the exporter lifts no parameter of its own."""
 
-    def __init__(self, model, num_slots: int, max_position: int, capture_layers: tuple[int, ...], places: list):
+    def __init__(self, model, num_slots: int, max_position: int, capture_layers: tuple[int, ...], places: list,
+                 paged_kernel: bool):
         super().__init__()
         object.__setattr__(self, "_model", model)
         self.num_slots, self.max_position, self.capture_layers, self.places = num_slots, max_position, capture_layers, places
-        self.attention = GraphAttention(model.config.head_dim)
+        self.attention = GraphAttention(model.config.head_dim, paged_kernel)
 
     def forward(self, tokens, positions, out_cache_loc, context_slots, k, v, tensors, named):
         with standing_in(self._model, self.places, tensors):
@@ -87,7 +88,9 @@ class ExportedForward:
         self.places = [place for place, _ in found]
         # the tensors the model reads and the pool's: fixed once loaded (RoPE tables filled above)
         self._held = [*kv_pool.k, *kv_pool.v, *(tensor for _, tensor in found)]
-        self._module = _Exportable(model, kv_pool.num_slots, max_position, self.capture_layers, self.places)
+        self.paged_kernel = paged_kernel_runs(kv_pool)  # in the key: a package calling the op needs it built
+        self._module = _Exportable(model, kv_pool.num_slots, max_position, self.capture_layers, self.places,
+                                   self.paged_kernel)
 
     def __call__(self, tokens, positions, out_cache_loc, context_slots, **named):
         if self._fallback is not None:
@@ -180,13 +183,14 @@ class ExportedForward:
             "max_position": self.max_position, "max_batch": self.max_batch_size, "slots": self.kv_pool.num_slots,
             "pool": [described(t) for t in (*k, *v)], "places": [str(p) for p in self.places],
             "tensors": [described(t) for t in tensors], "named": sorted(named),
-            "tokens": str(tokens.dtype), "device": str(tokens.device),
+            "tokens": str(tokens.dtype), "device": str(tokens.device), "paged_kernel": self.paged_kernel,
         }, sort_keys=True).encode())
         engine_dir = Path(__file__).resolve().parents[1]
         for folder in _SOURCES:
             for source in sorted((engine_dir / folder).glob("*.py")):
                 digest.update(source.read_bytes())
-        digest.update(cpu_gemm.SOURCE.read_bytes())  # the op a package of the blocked layout calls
+        for source in cpu_ops.SOURCES:  # the C++ ops a package may call
+            digest.update(source.read_bytes())
         return digest.hexdigest()[:32]
 
 

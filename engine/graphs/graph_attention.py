@@ -1,20 +1,31 @@
 """Attention inside a graph: static structure, sizes from the inputs' shapes, no host metadata.
 
-Each layer writes the new tokens' K/V into its own pool tensor in place (`index_copy_` by slot), gathers
-every request's context by slot ([B, C] slots from the request-to-token table) and runs SDPA under the
-mask the forward built once for all layers. The compiler fuses the gathers and the mask into its own
-kernels around SDPA (measured: 1.2x over eager here, where an opaque attention op gained nothing).
+Each layer writes the new tokens' K/V into its own pool tensor in place (`index_copy_` by slot), then
+attends every request's context by slot ([B, C] slots from the request-to-token table) under the mask
+the forward built once for all layers. A float32 pool on a CPU is read in place by eyas's paged
+attention op (`kernels/cpu_attention.py`); otherwise the context is gathered by slot and SDPA runs over
+it, the compiler fusing the gathers and the mask into its own kernels (1.2x over eager here).
 """
 
 import torch
 from torch.nn import functional as F
 
+from engine.cpu_ops import cpu_ops_error
+from kernels.cpu_attention import paged_attention
+
+
+def paged_kernel_runs(kv_pool) -> bool:
+    """Whether eyas's paged attention op serves this pool: float32 on a CPU, the C++ ops built here."""
+    k = kv_pool.k[0]
+    return k.device.type == "cpu" and k.dtype == torch.float32 and cpu_ops_error() is None
+
 
 class GraphAttention:
     name = "graph"
 
-    def __init__(self, head_dim: int):
+    def __init__(self, head_dim: int, paged_kernel: bool = False):
         self.scale = head_dim ** -0.5
+        self.paged_kernel = paged_kernel  # eyas's op reads the pool in place (paged_kernel_runs)
 
     def forward(self, q, k, v, layer_id: int, batch) -> torch.Tensor:
         # q: [T, Hq, D]; k, v: [T, Hkv, D] -> [T, Hq, D], T = B * w tokens, w per request
@@ -22,6 +33,11 @@ class GraphAttention:
         k_cache.index_copy_(0, batch.out_cache_loc, k.to(k_cache.dtype))
         v_cache.index_copy_(0, batch.out_cache_loc, v.to(v_cache.dtype))
         b, context = batch.context_slots.shape
+        if self.paged_kernel and q.dtype == torch.float32:
+            t, num_heads, head_dim = q.shape
+            out = paged_attention(q.view(b, t // b, num_heads, head_dim), k_cache, v_cache, batch.context_slots,
+                                  batch.mask, self.scale)  # [B, w, Hq, D]
+            return out.view(t, num_heads, head_dim)
         slots = batch.context_slots.reshape(-1)
         keys = k_cache.index_select(0, slots).view(b, context, *k_cache.shape[1:]).to(q.dtype)
         values = v_cache.index_select(0, slots).view(b, context, *v_cache.shape[1:]).to(q.dtype)

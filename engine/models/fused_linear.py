@@ -32,7 +32,8 @@ from torch.nn import functional as F
 
 from engine.errors import ConfigError
 from engine.models import layout_store
-from engine.models.blocked_weights import BlockedWeights, blocked_available, kernel_error
+from engine.cpu_ops import cpu_ops_error
+from engine.models.blocked_weights import BlockedWeights, blocked_available
 from engine.models.onednn_weights import OneDnnWeights, onednn_available
 from engine.models.weight_formats import Quantization, compressed_weights, fbgemm_available, fp16_fits
 
@@ -218,7 +219,7 @@ def choose_layouts(shapes: dict[str, tuple[int, int]], weight_layout: str, dtype
             raise ConfigError(f"model.weight_layout=onednn runs float32 weights on a CPU with oneDNN; this model is "
                               f"{str(dtype).removeprefix('torch.')} on {device.type}: set model.weight_layout=auto")
         if weight_layout == "blocked" and not blocked_available(dtype, device):
-            why = kernel_error() if device.type == "cpu" and dtype == torch.float32 else \
+            why = cpu_ops_error() if device.type == "cpu" and dtype == torch.float32 else \
                 f"this model is {str(dtype).removeprefix('torch.')} on {device.type}"
             raise ConfigError(f"model.weight_layout=blocked runs float32 weights on a CPU with eyas's own GEMM kernel; "
                               f"{why}: set model.weight_layout=auto")

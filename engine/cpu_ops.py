@@ -1,0 +1,49 @@
+"""Whether eyas's C++ CPU ops (`kernels/cpu_ops.py`: the blocked GEMM, paged attention) run here.
+
+They are compiled for this CPU the first time a model could use them (about 18 s, kept in the cache
+root's `kernels/`, or under the temp dir where the cache root cannot be written). Where they cannot be
+built (no compiler), what uses them is unavailable, with one warning saying why, and the others run.
+"""
+
+import getpass
+import logging
+import os
+import tempfile
+import warnings
+from pathlib import Path
+
+from engine.models import layout_store
+from kernels import cpu_ops
+
+log = logging.getLogger("eyas")
+_UNAVAILABLE: list[str] = []  # why the ops could not be built here (once per process)
+
+
+def cpu_ops_error() -> str | None:
+    """Why the ops cannot run here, or None once they are built and loaded (built now, if first)."""
+    if cpu_ops.is_loaded():
+        return None
+    if _UNAVAILABLE:
+        return _UNAVAILABLE[0]
+    directory = _build_directory()
+    log.info("building eyas's CPU kernels for this machine (once; kept in %s)", directory)
+    try:
+        cpu_ops.build(directory)
+    except cpu_ops.BuildError as e:
+        _UNAVAILABLE.append(str(e))
+        warnings.warn(f"eyas's CPU kernels are unavailable here (model.weight_layout=blocked and the graphs' paged "
+                      f"attention): {e}", stacklevel=3)
+        return _UNAVAILABLE[0]
+    return None
+
+
+def _build_directory() -> Path:
+    """The cache root's `kernels/`, or a directory of this user's under the temp dir where that cannot be written."""
+    directory = layout_store.cache_root() / "kernels"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        if os.access(directory, os.W_OK):
+            return directory
+    except OSError:
+        pass
+    return Path(tempfile.gettempdir()) / f"eyas-kernels-{getpass.getuser()}"
