@@ -8,7 +8,8 @@
 //
 // One task per (request, KV head) reads that head's keys and values once for every query and head of its
 // group, straight from the pool (no gathered copy). Each query row's scores, softmax and sum over the
-// columns run in a fixed order whatever w and B are, so a query computes to the same bits in any batch.
+// columns run in a fixed order whatever w, B and the batch's context length (masked columns weigh exactly
+// 0 and add nothing), so a query computes to the same bits in any batch.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -49,10 +50,11 @@ inline float dot(const float* a, const float* b, int64_t d) {
   return sum;
 }
 
-// e^x for x <= 0, eight at a time (Cody-Waite reduction, degree-6 polynomial: about 1 ulp); e^-inf = 0
-inline vec8 exp8(vec8 x) {
+// e^x for x <= 0, eight at a time (Cody-Waite reduction, degree-6 polynomial: about 1 ulp); 0 below
+// -87.3 (float's smallest normal is e^-87.3), so a masked column weighs exactly nothing
+inline vec8 exp8(vec8 input) {
   const vec8 lo = vec8{} - 87.3f;
-  x = x < lo ? lo : x;
+  const vec8 x = input < lo ? lo : input;
   const vec8 n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest (1.5 * 2^23)
   vec8 r = x - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
@@ -66,7 +68,8 @@ inline vec8 exp8(vec8 x) {
   const ivec8 bits = (__builtin_convertvector(n, ivec8) + 127) << 23;
   vec8 scale;
   std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
+  const vec8 e = p * scale;
+  return input < lo ? vec8{} : e;
 }
 
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -127,19 +130,19 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
           denominators[r] = 1.0f;
           continue;
         }
+        // eight columns at a time, a last partial group padded with -inf (weight 0): a column's weight and
+        // its place in the sum are the same whatever the batch's context length past the request's own
         vec8 total{};
-        int64_t c = 0;
-        for (; c + 8 <= context; c += 8) {
-          const vec8 e = exp8(load8(row + c) - top);
-          store8(row + c, e);
+        for (int64_t c = 0; c < context; c += 8) {
+          const int64_t columns = std::min<int64_t>(8, context - c);
+          alignas(32) float group[8];
+          for (int64_t j = 0; j < 8; ++j) group[j] = j < columns ? row[c + j] : kMinusInf;
+          const vec8 e = exp8(load8(group) - top);
+          store8(group, e);
+          std::memcpy(row + c, group, columns * sizeof(float));
           total += e;
         }
-        float sum = lane_sum(total);
-        for (; c < context; ++c) {
-          row[c] = std::exp(row[c] - top);
-          sum += row[c];
-        }
-        denominators[r] = sum;
+        denominators[r] = lane_sum(total);
       }
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (int64_t c = 0; c < context; ++c) {

@@ -66,11 +66,16 @@ def test_a_request_computes_alike_alone_and_in_any_batch():
     k_cache, v_cache = torch.randn(400, 2, 64, generator=generator), torch.randn(400, 2, 64, generator=generator)
     q = torch.randn(5, 6, 4, 64, generator=generator)
     slots = torch.randint(0, 400, (5, 90), generator=generator)
-    mask = causal_mask(torch.tensor([90, 40, 17, 66, 6]), 6, 90)
+    lens = [90, 40, 17, 66, 6]
+    mask = causal_mask(torch.tensor(lens), 6, 90)
     batched = paged_attention(q, k_cache, v_cache, slots, mask, 0.125)
     for b in range(5):
         assert torch.equal(paged_attention(q[b:b + 1], k_cache, v_cache, slots[b:b + 1], mask[b:b + 1], 0.125),
                            batched[b:b + 1]), b
+        # alone, its context only as long as itself (a batch's context is its longest request's)
+        own = lens[b]
+        assert torch.equal(paged_attention(q[b:b + 1], k_cache, v_cache, slots[b:b + 1, :own].contiguous(),
+                                           mask[b:b + 1, ..., :own].contiguous(), 0.125), batched[b:b + 1]), b
         for i in range(6):  # one query of the request alone, its mask row kept
             alone = paged_attention(q[b:b + 1, i:i + 1].contiguous(), k_cache, v_cache, slots[b:b + 1],
                                     mask[b:b + 1, :, i:i + 1].contiguous(), 0.125)
