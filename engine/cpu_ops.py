@@ -1,11 +1,10 @@
 """Whether eyas's C++ CPU ops (`kernels/cpu_ops.py`: the blocked GEMM, paged attention) run here.
 
 They are compiled for this CPU the first time a model could use them (about 18 s, kept in the cache
-root's `kernels/`, or under the temp dir where the cache root cannot be written). Where they cannot be
+root's `kernels/`, or in a private temporary directory where the cache root cannot be written). Where they cannot be
 built (no compiler), what uses them is unavailable, with one warning saying why, and the others run.
 """
 
-import getpass
 import logging
 import os
 import tempfile
@@ -38,7 +37,8 @@ def cpu_ops_error() -> str | None:
 
 
 def _build_directory() -> Path:
-    """The cache root's `kernels/`, or a directory of this user's under the temp dir where that cannot be written."""
+    """The cache root's `kernels/`, or a fresh private directory where that cannot be written (built again
+    by each such process: a shared path under the temp dir could hold another user's library)."""
     directory = layout_store.cache_root() / "kernels"
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -46,4 +46,4 @@ def _build_directory() -> Path:
             return directory
     except OSError:
         pass
-    return Path(tempfile.gettempdir()) / f"eyas-kernels-{getpass.getuser()}"
+    return Path(tempfile.mkdtemp(prefix="eyas-kernels-"))

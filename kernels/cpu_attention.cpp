@@ -78,7 +78,7 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
               "paged_attention: q must be a contiguous float32 CPU tensor [B, w, Hq, D]");
   TORCH_CHECK(k_cache.dim() == 3 && v_cache.sizes() == k_cache.sizes() && k_cache.scalar_type() == at::kFloat &&
                   v_cache.scalar_type() == at::kFloat && k_cache.is_contiguous() && v_cache.is_contiguous() &&
-                  k_cache.size(2) == q.size(3) && q.size(2) % k_cache.size(1) == 0,
+                  k_cache.size(2) == q.size(3) && k_cache.size(1) > 0 && q.size(2) % k_cache.size(1) == 0,
               "paged_attention: k_cache and v_cache must be contiguous float32 [S, Hkv, D] with Hq a multiple of Hkv");
   const int64_t batch = q.size(0), width = q.size(1), num_heads = q.size(2), head_dim = q.size(3);
   const int64_t num_slots = k_cache.size(0), kv_heads = k_cache.size(1), group = num_heads / kv_heads;
@@ -86,7 +86,10 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
                   context_slots.is_contiguous(),
               "paged_attention: context_slots must be a contiguous int64 [B, C]");
   const int64_t context = context_slots.size(1);
-  TORCH_CHECK(mask.scalar_type() == at::kFloat && mask.is_contiguous() && mask.numel() == batch * width * context,
+  const bool mask_shaped = (mask.dim() == 3 && mask.size(0) == batch && mask.size(1) == width && mask.size(2) == context) ||
+                           (mask.dim() == 4 && mask.size(0) == batch && mask.size(1) == 1 && mask.size(2) == width &&
+                            mask.size(3) == context);
+  TORCH_CHECK(mask.scalar_type() == at::kFloat && mask.is_contiguous() && mask_shaped,
               "paged_attention: mask must be a contiguous float32 [B, w, C] (or [B, 1, w, C])");
   at::Tensor out = at::empty(q.sizes(), q.options());
   if (batch == 0 || width == 0) return out;

@@ -60,6 +60,19 @@ def test_a_tree_mask_and_a_query_that_sees_nothing():
     torch.testing.assert_close(out[rows], expected[rows], atol=2e-6, rtol=2e-5)
 
 
+def test_masked_columns_weigh_exactly_nothing():
+    # a padding column may read any slot (the scratch row holds whatever was written there last)
+    generator = torch.Generator().manual_seed(5)
+    k_cache, v_cache = torch.randn(30, 2, 16, generator=generator), torch.randn(30, 2, 16, generator=generator)
+    k_cache[29], v_cache[29] = float("inf"), float("nan")
+    q = torch.randn(1, 2, 4, 16, generator=generator)
+    slots = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7, 8, 29, 29, 29]])  # 9 columns of its own, then padding
+    mask = causal_mask(torch.tensor([9]), 2, 12)
+    out = paged_attention(q, k_cache, v_cache, slots, mask, 0.25)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, reference(q, k_cache, v_cache, slots[:, :9], mask[..., :9], 0.25), atol=2e-6, rtol=2e-5)
+
+
 def test_a_request_computes_alike_alone_and_in_any_batch():
     # each query row's scores, softmax and sum run in a fixed order whatever else the call holds
     generator = torch.Generator().manual_seed(3)
@@ -93,3 +106,5 @@ def test_the_op_checks_its_operands():
         paged_attention(torch.randn(1, 1, 3, 8), k_cache, k_cache, slots, mask, 1.0)
     with pytest.raises(RuntimeError, match="mask must be"):
         paged_attention(q, k_cache, k_cache, slots, torch.zeros(1, 1, 1, 4), 1.0)
+    with pytest.raises(RuntimeError, match="mask must be"):  # as many numbers, the wrong shape
+        paged_attention(torch.randn(1, 5, 4, 8), k_cache, k_cache, slots, torch.zeros(1, 25), 1.0)

@@ -147,7 +147,9 @@ def load_model(path: str | Path, dtype: str = "auto", device: str | torch.device
                field: str = "model", runs_beside: torch.nn.Module | None = None) -> LlamaForCausalLM:
     """A checkpoint directory as a packed inference model; `quantization` (one of `SCHEMES`) stores its
     linear layers in int8 or int4 (`field` names the config those settings came from in errors);
-    `runs_beside` as `pack_for_inference` takes it."""
+    `runs_beside` as `pack_for_inference` takes it. A layout with a kernel of its own (`onednn`,
+    `blocked`, which `auto` may choose) releases the modules' weights: pass `weight_layout="linear"` to
+    read them (training, export)."""
     directory = checkpoint_dir(path)
     check_quantization(quantization, quantization_group_size, torch.device(device), field)
     config: ModelConfig = load_model_config(directory)
