@@ -29,6 +29,8 @@ namespace {
 typedef float vec8 __attribute__((vector_size(32)));
 typedef int32_t ivec8 __attribute__((vector_size(32)));
 
+constexpr int64_t kMinWork = 1024;
+
 inline vec8 load8(const float* p) {
   vec8 v;
   std::memcpy(&v, p, sizeof v);
@@ -41,13 +43,72 @@ inline float lane_sum(vec8 v) {  // a fixed order: ((0+4) + (2+6)) + ((1+5) + (3
   return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
 }
 
-inline float dot(const float* a, const float* b, int64_t d) {
+// [x0+x1, y0+y1, x2+x3, y2+y3, x4+x5, y4+y5, x6+x7, y6+y7]
+inline vec8 pair_sums(vec8 x, vec8 y) {
+  return __builtin_shufflevector(x, y, 0, 8, 2, 10, 4, 12, 6, 14) + __builtin_shufflevector(x, y, 1, 9, 3, 11, 5, 13, 7, 15);
+}
+
+// lane i = a[i]'s lanes summed in a fixed order: ((0+1) + (2+3)) + ((4+5) + (6+7))
+inline vec8 lane_sums(const vec8* a) {
+  const vec8 x01 = pair_sums(a[0], a[1]), x23 = pair_sums(a[2], a[3]), x45 = pair_sums(a[4], a[5]),
+             x67 = pair_sums(a[6], a[7]);
+  const vec8 y0 = __builtin_shufflevector(x01, x23, 0, 1, 8, 9, 4, 5, 12, 13) +
+                  __builtin_shufflevector(x01, x23, 2, 3, 10, 11, 6, 7, 14, 15);
+  const vec8 y4 = __builtin_shufflevector(x45, x67, 0, 1, 8, 9, 4, 5, 12, 13) +
+                  __builtin_shufflevector(x45, x67, 2, 3, 10, 11, 6, 7, 14, 15);
+  return __builtin_shufflevector(y0, y4, 0, 1, 2, 3, 8, 9, 10, 11) +
+         __builtin_shufflevector(y0, y4, 4, 5, 6, 7, 12, 13, 14, 15);
+}
+
+// lane i = q . keys[i] over d: eight columns at once, one FMA chain per column over q's 8-float chunks in
+// order, the lanes summed by `lane_sums`, then the last d % 8 products
+inline vec8 dot8(const float* q, const float* const* keys, int64_t d) {
+  vec8 a[8] = {};
   int64_t j = 0;
-  vec8 acc{};
-  for (; j + 8 <= d; j += 8) acc += load8(a + j) * load8(b + j);
-  float sum = lane_sum(acc);
-  for (; j < d; ++j) sum += a[j] * b[j];
-  return sum;
+  for (; j + 8 <= d; j += 8) {
+    const vec8 qv = load8(q + j);
+    for (int i = 0; i < 8; ++i) a[i] += qv * load8(keys[i] + j);
+  }
+  vec8 sums = lane_sums(a);
+  if (j < d) {
+    alignas(32) float tail[8];
+    for (int i = 0; i < 8; ++i) {
+      float t = 0.0f;
+      for (int64_t jj = j; jj < d; ++jj) t += q[jj] * keys[i][jj];
+      tail[i] = t;
+    }
+    sums += load8(tail);
+  }
+  return sums;
+}
+
+// out[0 : 8 NV] = sum over columns c in order of weights[c] * value_c (columns of weight 0 skipped: a masked
+// column's slot may hold anything); value_c = values + slots[c] * stride
+template <int NV>
+inline void weighted_sum(const float* weights, const int64_t* slots, int64_t context, const float* values,
+                         int64_t stride, float* out) {
+  vec8 s[NV] = {};
+  for (int64_t c = 0; c < context; ++c) {
+    const float w = weights[c];
+    if (w == 0.0f) continue;
+    const float* v = values + slots[c] * stride;
+    for (int i = 0; i < NV; ++i) s[i] += w * load8(v + 8 * i);
+  }
+  for (int i = 0; i < NV; ++i) store8(out + 8 * i, s[i]);
+}
+
+void run_weighted_sum(int vectors, const float* weights, const int64_t* slots, int64_t context, const float* values,
+                      int64_t stride, float* out) {
+  switch (vectors) {
+    case 8: return weighted_sum<8>(weights, slots, context, values, stride, out);
+    case 7: return weighted_sum<7>(weights, slots, context, values, stride, out);
+    case 6: return weighted_sum<6>(weights, slots, context, values, stride, out);
+    case 5: return weighted_sum<5>(weights, slots, context, values, stride, out);
+    case 4: return weighted_sum<4>(weights, slots, context, values, stride, out);
+    case 3: return weighted_sum<3>(weights, slots, context, values, stride, out);
+    case 2: return weighted_sum<2>(weights, slots, context, values, stride, out);
+    default: return weighted_sum<1>(weights, slots, context, values, stride, out);
+  }
 }
 
 // e^x for x <= 0, eight at a time (Cody-Waite reduction, degree-6 polynomial: about 1 ulp); 0 below
@@ -106,8 +167,13 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
   for (int64_t i = 0; i < batch * context; ++i) {
     TORCH_CHECK(slot_data[i] >= 0 && slot_data[i] < num_slots, "paged_attention: a context slot is outside the pool");
   }
-  at::parallel_for(0, batch * kv_heads, 1, [&](int64_t first, int64_t last) {
-    std::vector<float> scores(rows * context), acc(rows * head_dim), denominators(rows);
+  const int64_t padded = (context + 7) / 8 * 8;  // a row of scores: its columns, then -inf up to a multiple of 8
+  const int64_t stride = kv_heads * head_dim;  // floats from one slot's row to the next
+  // a thread takes tasks of at least kMinWork (query row, column) pairs: a smaller call runs on one thread,
+  // which measured faster than waking another (one request at one token)
+  const int64_t grain = std::max<int64_t>(1, (kMinWork + rows * padded - 1) / std::max<int64_t>(rows * padded, 1));
+  at::parallel_for(0, batch * kv_heads, grain, [&](int64_t first, int64_t last) {
+    std::vector<float> scores(rows * padded);
     std::vector<int64_t> query_offsets(rows), mask_offsets(rows);
     for (int64_t task = first; task < last; ++task) {
       const int64_t b = task / kv_heads, g = task % kv_heads;
@@ -116,53 +182,51 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
         query_offsets[r] = ((b * width + r / group) * num_heads + g * group + r % group) * head_dim;
         mask_offsets[r] = (b * width + r / group) * context;
       }
-      for (int64_t c = 0; c < context; ++c) {
-        const float* key = k_data + (slots[c] * kv_heads + g) * head_dim;
+      for (int64_t c = 0; c < padded; c += 8) {  // eight columns at a time (past the last: the last again, unused)
+        const int64_t columns = std::min<int64_t>(8, context - c);
+        const float* keys[8];
+        for (int i = 0; i < 8; ++i) keys[i] = k_data + slots[c + std::min<int64_t>(i, columns - 1)] * stride + g * head_dim;
         for (int64_t r = 0; r < rows; ++r) {
-          const float bias = mask_data[mask_offsets[r] + c];
-          scores[r * context + c] =
-              bias == kMinusInf ? kMinusInf : dot(q_data + query_offsets[r], key, head_dim) * scale_f + bias;
+          alignas(32) float bias[8];
+          for (int i = 0; i < 8; ++i) bias[i] = i < columns ? mask_data[mask_offsets[r] + c + i] : kMinusInf;
+          const vec8 biases = load8(bias);
+          // a masked column scores -inf without its dot product (its slot may hold inf or nan)
+          const vec8 s = dot8(q_data + query_offsets[r], keys, head_dim) * scale_f + biases;
+          store8(scores.data() + r * padded + c, biases == kMinusInf ? biases : s);
         }
       }
-      for (int64_t r = 0; r < rows; ++r) {  // scores -> e^(s - max), and their sum
-        float* row = scores.data() + r * context;
+      for (int64_t r = 0; r < rows; ++r) {  // scores -> e^(s - max), their sum, then the weighted values
+        float* row = scores.data() + r * padded;
+        float* dst = out_data + query_offsets[r];
         float top = kMinusInf;
         for (int64_t c = 0; c < context; ++c) top = row[c] > top ? row[c] : top;
-        if (top == kMinusInf) {  // a query that sees nothing: zero weights, a zero output
-          std::fill(row, row + context, 0.0f);
-          denominators[r] = 1.0f;
+        if (top == kMinusInf) {  // a query that sees nothing: a zero output
+          std::fill(dst, dst + head_dim, 0.0f);
           continue;
         }
-        // eight columns at a time, a last partial group padded with -inf (weight 0): a column's weight and
-        // its place in the sum are the same whatever the batch's context length past the request's own
+        // eight columns at a time, the padding weighing 0: a column's weight and its place in the sum are
+        // the same whatever the batch's context length past the request's own
         vec8 total{};
-        for (int64_t c = 0; c < context; c += 8) {
-          const int64_t columns = std::min<int64_t>(8, context - c);
-          alignas(32) float group[8];
-          for (int64_t j = 0; j < 8; ++j) group[j] = j < columns ? row[c + j] : kMinusInf;
-          const vec8 e = exp8(load8(group) - top);
-          store8(group, e);
-          std::memcpy(row + c, group, columns * sizeof(float));
+        for (int64_t c = 0; c < padded; c += 8) {
+          const vec8 e = exp8(load8(row + c) - top);
+          store8(row + c, e);
           total += e;
         }
-        denominators[r] = lane_sum(total);
-      }
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int64_t c = 0; c < context; ++c) {
-        const float* value = v_data + (slots[c] * kv_heads + g) * head_dim;
-        for (int64_t r = 0; r < rows; ++r) {
-          const float weight = scores[r * context + c];
-          if (weight == 0.0f) continue;
-          float* a = acc.data() + r * head_dim;
-          int64_t j = 0;
-          for (; j + 8 <= head_dim; j += 8) store8(a + j, load8(a + j) + weight * load8(value + j));
-          for (; j < head_dim; ++j) a[j] += weight * value[j];
+        const float inverse = 1.0f / lane_sum(total);
+        const float* values = v_data + g * head_dim;
+        const int64_t vectorised = head_dim / 8 * 8;
+        for (int64_t j = 0; j < vectorised; j += 64) {  // up to 8 vectors of the output at a time, in registers
+          const int vectors = static_cast<int>(std::min<int64_t>(8, (vectorised - j) / 8));
+          run_weighted_sum(vectors, row, slots, context, values + j, stride, dst + j);
         }
-      }
-      for (int64_t r = 0; r < rows; ++r) {
-        float* dst = out_data + query_offsets[r];
-        const float inverse = 1.0f / denominators[r];
-        for (int64_t j = 0; j < head_dim; ++j) dst[j] = acc[r * head_dim + j] * inverse;
+        for (int64_t jj = vectorised; jj < head_dim; ++jj) {  // the last head_dim % 8
+          float sum = 0.0f;
+          for (int64_t c = 0; c < context; ++c) {
+            if (row[c] != 0.0f) sum += row[c] * values[slots[c] * stride + jj];
+          }
+          dst[jj] = sum;
+        }
+        for (int64_t jj = 0; jj < head_dim; ++jj) dst[jj] *= inverse;
       }
     }
   });
