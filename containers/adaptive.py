@@ -4,10 +4,10 @@ exactly as it was."""
 
 from dependency_injector import providers
 
-from containers.scope import BindingGuard, BuildTrackingSingleton, ProviderScope
-from engine.speculative.bindings import restore_bindings, snapshot_bindings
-from engine.speculative.candidate import Candidate
-from engine.speculative.state import SpecRuntimeState
+from eyas.containers.scope import BindingGuard, BuildTrackingSingleton, ProviderScope
+from eyas.engine.speculative.bindings import restore_bindings, snapshot_bindings
+from eyas.engine.speculative.candidate import Candidate
+from eyas.engine.speculative.state import SpecRuntimeState
 
 
 def live_bindings(container) -> BindingGuard:

@@ -2,11 +2,11 @@
 
 from dependency_injector import containers, providers
 
-from containers import factories
-from containers.scope import BuildTrackingSingleton as Singleton
-from engine.cache.allocator import PageAllocator
-from engine.cache.manager import KVCacheManager
-from engine.cache.req_to_token import ReqToTokenTable
+from eyas.containers import factories
+from eyas.containers.scope import BuildTrackingSingleton as Singleton
+from eyas.engine.cache.allocator import PageAllocator
+from eyas.engine.cache.manager import KVCacheManager
+from eyas.engine.cache.req_to_token import ReqToTokenTable
 
 
 class CacheContainer(containers.DeclarativeContainer):

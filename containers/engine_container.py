@@ -2,26 +2,26 @@
 
 from dependency_injector import containers, providers
 
-from containers import factories
-from containers.adaptive import build_candidate_states
-from containers.scope import BuildTrackingSingleton as Singleton
-from containers.cache import CacheContainer
-from containers.models import ModelContainer
-from containers.speculative import SpeculativeContainer
-from engine.attention.registry import BACKENDS
-from engine.engine import Engine
-from engine.runner import ModelRunner
-from engine.sampling import Sampler
-from engine.scheduler import Scheduler
-from engine.speculative.adaptive.acceptance import AcceptanceModel
-from engine.speculative.adaptive.controller import AdaptiveController
-from engine.speculative.adaptive.ema import EmaPolicy
-from engine.speculative.adaptive.throughput import ThroughputPolicy
-from engine.speculative.adaptive.tiers import build_tiers
-from engine.speculative.worker import SpeculativeWorker
-from engine.stopping import StopChecker
-from engine.structured.grammars import GrammarCompiler
-from engine.worker import DecodeWorker
+from eyas.containers import factories
+from eyas.containers.adaptive import build_candidate_states
+from eyas.containers.scope import BuildTrackingSingleton as Singleton
+from eyas.containers.cache import CacheContainer
+from eyas.containers.models import ModelContainer
+from eyas.containers.speculative import SpeculativeContainer
+from eyas.engine.attention.registry import BACKENDS
+from eyas.engine.engine import Engine
+from eyas.engine.runner import ModelRunner
+from eyas.engine.sampling import Sampler
+from eyas.engine.scheduler import Scheduler
+from eyas.engine.speculative.adaptive.acceptance import AcceptanceModel
+from eyas.engine.speculative.adaptive.controller import AdaptiveController
+from eyas.engine.speculative.adaptive.ema import EmaPolicy
+from eyas.engine.speculative.adaptive.throughput import ThroughputPolicy
+from eyas.engine.speculative.adaptive.tiers import build_tiers
+from eyas.engine.speculative.worker import SpeculativeWorker
+from eyas.engine.stopping import StopChecker
+from eyas.engine.structured.grammars import GrammarCompiler
+from eyas.engine.worker import DecodeWorker
 
 
 class EngineContainer(containers.DeclarativeContainer):

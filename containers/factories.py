@@ -4,16 +4,16 @@ from pathlib import Path
 
 import torch
 
-from engine.cache.kv_pool import PagedKVPool
-from engine.cache.prefix_cache import PrefixCache
-from engine.config.validation import uses_ngram, uses_suffix
-from engine.errors import ConfigError
-from engine.graphs.graph_runner import GraphRunner
-from engine.graphs.settings import GraphSettings, graph_settings
-from engine.models.config import DTYPES
-from engine.sampling_params import SamplingParams
-from engine.speculative.candidate import Candidate, parse_candidate, sorted_candidates
-from engine.tokenizer import Tokenizer
+from eyas.engine.cache.kv_pool import PagedKVPool
+from eyas.engine.cache.prefix_cache import PrefixCache
+from eyas.engine.config.validation import uses_ngram, uses_suffix
+from eyas.engine.errors import ConfigError
+from eyas.engine.graphs.graph_runner import GraphRunner
+from eyas.engine.graphs.settings import GraphSettings, graph_settings
+from eyas.engine.models.config import DTYPES
+from eyas.engine.sampling_params import SamplingParams
+from eyas.engine.speculative.candidate import Candidate, parse_candidate, sorted_candidates
+from eyas.engine.tokenizer import Tokenizer
 
 
 def resolve_device(name: str, num_threads: int | None = None) -> torch.device:

@@ -2,9 +2,9 @@
 
 from dependency_injector import containers, providers
 
-from containers import factories
-from containers.scope import BuildTrackingSingleton as Singleton
-from engine.models.loader import load_model
+from eyas.containers import factories
+from eyas.containers.scope import BuildTrackingSingleton as Singleton
+from eyas.engine.models.loader import load_model
 
 
 class ModelContainer(containers.DeclarativeContainer):

@@ -4,14 +4,14 @@ from pathlib import Path
 
 from dependency_injector import containers, providers
 
-from containers import factories
-from containers.engine_container import EngineContainer
-from containers.scope import BuildTrackingSingleton as Singleton
-from engine.errors import ConfigError
-from engine.serve.app import create_app
-from engine.serve.chat_template import ChatTemplate
-from engine.serve.loop import EngineLoop
-from engine.serve.metrics import ServerMetrics
+from eyas.containers import factories
+from eyas.containers.engine_container import EngineContainer
+from eyas.containers.scope import BuildTrackingSingleton as Singleton
+from eyas.engine.errors import ConfigError
+from eyas.engine.serve.app import create_app
+from eyas.engine.chat_template import ChatTemplate
+from eyas.engine.serve.loop import EngineLoop
+from eyas.engine.serve.metrics import ServerMetrics
 
 
 def served_name(configured: str | None, model_path: str) -> str:

@@ -3,23 +3,23 @@ the drafters, and the runtime state of one candidate."""
 
 from dependency_injector import containers, providers
 
-from containers import factories
-from containers.scope import BuildTrackingSingleton as Singleton
-from engine.attention.registry import BACKENDS
-from engine.models.draft_loader import load_draft
-from engine.runner import ModelRunner
-from engine.speculative.backend_factory import DraftBackendFactory
-from engine.speculative.candidate import Candidate
-from engine.speculative.drafters.draft_state_buffers import DraftStateBuffers
-from engine.speculative.drafters.eagle import EagleDrafter
-from engine.speculative.drafters.head import DraftHead
-from engine.speculative.drafters.hybrid import HybridDrafter
-from engine.speculative.drafters.ngram import NgramDrafter
-from engine.speculative.drafters.standalone import StandaloneDrafter
-from engine.speculative.drafters.suffix import SuffixDrafter
-from engine.speculative.drafters.suffix_index import SuffixIndex
-from engine.speculative.state import SpecRuntimeState
-from engine.speculative.verify_buffers import VerifyBuffers
+from eyas.containers import factories
+from eyas.containers.scope import BuildTrackingSingleton as Singleton
+from eyas.engine.attention.registry import BACKENDS
+from eyas.engine.models.draft_loader import load_draft
+from eyas.engine.runner import ModelRunner
+from eyas.engine.speculative.backend_factory import DraftBackendFactory
+from eyas.engine.speculative.candidate import Candidate
+from eyas.engine.speculative.drafters.draft_state_buffers import DraftStateBuffers
+from eyas.engine.speculative.drafters.eagle import EagleDrafter
+from eyas.engine.speculative.drafters.head import DraftHead
+from eyas.engine.speculative.drafters.hybrid import HybridDrafter
+from eyas.engine.speculative.drafters.ngram import NgramDrafter
+from eyas.engine.speculative.drafters.standalone import StandaloneDrafter
+from eyas.engine.speculative.drafters.suffix import SuffixDrafter
+from eyas.engine.speculative.drafters.suffix_index import SuffixIndex
+from eyas.engine.speculative.state import SpecRuntimeState
+from eyas.engine.speculative.verify_buffers import VerifyBuffers
 
 
 class SpeculativeContainer(containers.DeclarativeContainer):

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from engine.errors import ConfigError
+from eyas.engine.errors import ConfigError
 
 ASSETS_DIR = Path(__file__).resolve().parent / "assets"
 # name -> path under assets/

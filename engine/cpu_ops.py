@@ -11,8 +11,8 @@ import tempfile
 import warnings
 from pathlib import Path
 
-from engine.models import layout_store
-from kernels import cpu_ops
+from eyas.engine.cache_root import cache_root
+from eyas.kernels import cpu_ops
 
 log = logging.getLogger("eyas")
 _UNAVAILABLE: list[str] = []  # why the ops could not be built here (once per process)
@@ -39,7 +39,7 @@ def cpu_ops_error() -> str | None:
 def _build_directory() -> Path:
     """The cache root's `kernels/`, or a fresh private directory where that cannot be written (built again
     by each such process: a shared path under the temp dir could hold another user's library)."""
-    directory = layout_store.cache_root() / "kernels"
+    directory = cache_root() / "kernels"
     try:
         directory.mkdir(parents=True, exist_ok=True)
         if os.access(directory, os.W_OK):

@@ -4,15 +4,15 @@ import time
 
 import torch
 
-from engine.errors import ConfigError
-from engine.keyed_random import seed_words
-from engine.metrics import EngineMetrics
-from engine.outputs import RequestOutput
-from engine.request import Request
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
-from engine.stopping import StopChecker
-from engine.tokenizer import Tokenizer
+from eyas.engine.errors import ConfigError
+from eyas.engine.keyed_random import seed_words
+from eyas.engine.metrics import EngineMetrics
+from eyas.engine.outputs import RequestOutput
+from eyas.engine.request import Request
+from eyas.engine.sampling_params import SamplingParams
+from eyas.engine.scheduler import Scheduler
+from eyas.engine.stopping import StopChecker
+from eyas.engine.tokenizer import Tokenizer
 
 
 class Engine:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.sampling_params import SamplingParams
+from eyas.engine.sampling_params import SamplingParams
 
 
 @dataclass

@@ -4,8 +4,8 @@ import enum
 import time
 from dataclasses import dataclass, field
 
-from engine.sampling_params import SamplingParams
-from engine.speculative.metrics import SpecCounters
+from eyas.engine.sampling_params import SamplingParams
+from eyas.engine.spec_metrics import SpecCounters
 
 
 class Status(enum.Enum):

@@ -4,9 +4,9 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.cache.kv_pool import PagedKVPool
-from engine.forward_batch import ForwardBatch
-from engine.models.fused_linear import exact_rows
+from eyas.engine.cache.kv_pool import PagedKVPool
+from eyas.engine.forward_batch import ForwardBatch
+from eyas.engine.models.fused_linear import exact_rows
 
 
 @dataclass

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine import keyed_random, logprobs
-from engine.logits_processing import LogitsProcessing
-from engine.sampling_params import SamplingParams
-from engine.structured.batch import GrammarBatch
+from eyas.engine import keyed_random, logprobs
+from eyas.engine.logits_processing import LogitsProcessing
+from eyas.engine.sampling_params import SamplingParams
+from eyas.engine.structured.batch import GrammarBatch
 
 
 STREAMS = (keyed_random.DRAFT_STREAM, keyed_random.ACCEPT_STREAM, keyed_random.RESIDUAL_STREAM)

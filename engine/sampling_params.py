@@ -1,9 +1,9 @@
 import math
 from dataclasses import dataclass, field
 
-from engine.errors import ConfigError
-from engine.keyed_random import MAX_SEED
-from engine.structured.grammars import validate_spec
+from eyas.engine.errors import ConfigError
+from eyas.engine.keyed_random import MAX_SEED
+from eyas.engine.structured.grammars import validate_spec
 
 
 @dataclass

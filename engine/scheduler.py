@@ -24,8 +24,8 @@ while the running requests decode in the same steps: one long prompt stalls no s
 from collections import deque
 from typing import Callable
 
-from engine.cache.manager import KVCacheManager
-from engine.request import Request, Status
+from eyas.engine.cache.manager import KVCacheManager
+from eyas.engine.request import Request, Status
 
 
 class Scheduler:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.runner import ForwardOutput
+from eyas.engine.runner import ForwardOutput
 
 
 @dataclass

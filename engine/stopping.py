@@ -2,8 +2,8 @@
 
 import time
 
-from engine.request import Request, Status
-from engine.tokenizer import Tokenizer
+from eyas.engine.request import Request, Status
+from eyas.engine.tokenizer import Tokenizer
 
 
 class StopChecker:

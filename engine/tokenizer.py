@@ -4,8 +4,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
 
-from engine.errors import CheckpointError
-from engine.models.config import read_json
+from eyas.engine.errors import CheckpointError
+from eyas.engine.models.config import read_json
 
 EOS_NAMES = ("</s>", "<|end_of_text|>", "<|eot_id|>", "<|endoftext|>", "<eos>")
 

@@ -7,11 +7,11 @@ ride in the same forward.
 
 import torch
 
-from engine.forward_batch import ForwardBatch, wants_exact
-from engine.request import Request
-from engine.runner import ModelRunner
-from engine.sampling import Sampler, SamplingBatch
-from engine.shared_prefill import Siblings
+from eyas.engine.forward_batch import ForwardBatch, wants_exact
+from eyas.engine.request import Request
+from eyas.engine.runner import ModelRunner
+from eyas.engine.sampling import Sampler, SamplingBatch
+from eyas.engine.shared_prefill import Siblings
 
 
 class DecodeWorker:

@@ -16,8 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.checks import require
-from kernels.tuning import launch_configs
+from eyas.kernels.checks import require
+from eyas.kernels.tuning import launch_configs
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _INDEX_DTYPES = (torch.int32, torch.int64)

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.tuning import launch_configs
+from eyas.kernels.tuning import launch_configs
 
 LOG2_E = 1.4426950408889634
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)

@@ -11,8 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.checks import require
-from kernels.tuning import launch_configs
+from eyas.kernels.checks import require
+from eyas.kernels.tuning import launch_configs
 
 
 @triton.autotune(

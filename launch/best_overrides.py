@@ -8,10 +8,10 @@ from omegaconf import DictConfig
 
 
 def best_overrides_line(results: dict, fixed: list[str]) -> str:
-    """`optimization_results.yaml` contents -> `python -m engine k=v ...` (the sweep's fixed overrides
+    """`optimization_results.yaml` contents -> `python -m eyas k=v ...` (the sweep's fixed overrides
     first, then the best trial's parameters)."""
     params = [f"{key}={value}" for key, value in results["best_params"].items()]
-    return " ".join(["python -m engine", *fixed, *params])
+    return " ".join(["python -m eyas", *fixed, *params])
 
 
 class PrintBestOverrides(Callback):

@@ -1,4 +1,4 @@
-"""The Hydra command line: `python -m engine key=value ...` (and `-m` for sweeps).
+"""The Hydra command line: `python -m eyas key=value ...` (and `-m` for sweeps).
 
 `hydra_main` is a thin shell around `run`, which tests call with a composed plain config.
 """
@@ -15,12 +15,12 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from rich.console import Console
 
-from containers.build import container_of
-from engine.config import prepare
-from engine.errors import ConfigError, EyasError
-from engine.sampling_params import SamplingParams
-from launch.compose import config_dir, register_resolvers, to_plain
-from launch.schema import register_schemas
+from eyas.containers.build import container_of
+from eyas.engine.config import prepare
+from eyas.engine.errors import ConfigError, EyasError
+from eyas.engine.sampling_params import SamplingParams
+from eyas.launch.compose import config_dir, register_resolvers, to_plain
+from eyas.launch.schema import register_schemas
 
 
 def read_prompts(config: dict) -> list[str]:

@@ -1,6 +1,6 @@
 """Hydra -> plain dict: compose `conf/` with overrides exactly as the CLI does.
 
-The result is as composed; `engine.config.prepare` resolves and validates it where it is built.
+The result is as composed; `eyas.engine.config.prepare` resolves and validates it where it is built.
 """
 
 from pathlib import Path
@@ -11,17 +11,14 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-import engine
-from engine.assets import asset_path
-from engine.errors import ConfigError
-from launch.schema import register_schemas
+from eyas.engine.assets import asset_path
+from eyas.engine.errors import ConfigError
+from eyas.launch.schema import register_schemas
 
 
 def config_dir() -> str:
-    """The config tree: installed inside the package as `engine/conf`, or `conf/` of a source checkout."""
-    installed = Path(engine.__file__).resolve().parent / "conf"
-    if (installed / "config.yaml").is_file():
-        return str(installed)
+    """The config tree `conf/`: beside this package's folder in a source checkout and when installed
+    (as `eyas/conf`)."""
     return str(Path(__file__).resolve().parent.parent / "conf")
 
 

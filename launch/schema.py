@@ -1,7 +1,7 @@
 """Structured schemas for the Hydra config tree: unknown keys and wrong types fail at composition.
 
 Enum fields list their allowed values in Hydra's own error message. Cross-field rules live in
-`engine.config`.
+`eyas.engine.config`.
 """
 
 from dataclasses import dataclass, field
@@ -262,7 +262,7 @@ class Config:
     prompts_file: Optional[str] = None  # one prompt per line, or JSONL with a "prompt" field
     objective: str = "tokens_per_s"  # the metric a run returns to a sweeper
     print_outputs: bool = True
-    server: Optional[ServerConfig] = None  # python -m engine.serve (conf/serve.yaml) sets it
+    server: Optional[ServerConfig] = None  # python -m eyas.launch.serve (conf/serve.yaml) sets it
 
 
 def register_schemas() -> None:

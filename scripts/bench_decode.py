@@ -16,7 +16,6 @@ import argparse
 import importlib.util
 import os
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,11 +24,7 @@ import torch
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-try:
-    from engine import SamplingParams, build_engine
-except ModuleNotFoundError:  # source checkout without `pip install -e .`
-    sys.path.insert(0, str(REPO_ROOT))
-    from engine import SamplingParams, build_engine
+from eyas import SamplingParams, build_engine
 
 # random checkpoint for the default run: big enough that compute, not only per-step overhead, shows
 RANDOM_MODEL = dict(num_layers=8, hidden_size=256, intermediate_size=768, num_heads=8, num_kv_heads=4,

@@ -16,9 +16,9 @@ import time
 
 import torch
 
-from engine.assets import asset_path
-from engine.models.fused_linear import LAYOUTS, _usable_layouts
-from engine.models.loader import load_model
+from eyas.engine.assets import asset_path
+from eyas.engine.models.fused_linear import LAYOUTS, _usable_layouts
+from eyas.engine.models.loader import load_model
 
 
 def projections(model) -> list[tuple[object, bool]]:

@@ -48,10 +48,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_decode import agreement, eyas_generate, load_hf  # noqa: E402
 from workloads import WORKLOADS, workload_prompts  # noqa: E402
 
-from engine import build_engine  # noqa: E402
-from engine.assets import asset_path  # noqa: E402
-from engine.report.figures import pyplot, save  # noqa: E402
-from engine.tokenizer import Tokenizer  # noqa: E402
+from eyas import build_engine  # noqa: E402
+from eyas.engine.assets import asset_path  # noqa: E402
+from eyas.engine.report.figures import pyplot, save  # noqa: E402
+from eyas.engine.tokenizer import Tokenizer  # noqa: E402
 
 SYSTEMS = {"ct2": "ct2 plain", "hf": "transformers plain", "hf_lookup": "transformers prompt lookup",
            "hf_assisted": "transformers assisted", "eyas": "eyas plain", "eyas_spec": "eyas EAGLE-3 k=3",

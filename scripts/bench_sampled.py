@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from heldout import heldout_prompts  # noqa: E402
 from spec_metrics import tau_between  # noqa: E402
 
-from engine import SamplingParams, build_engine  # noqa: E402
+from eyas import SamplingParams, build_engine  # noqa: E402
 
 CONFIGS = {
     "default": [],

@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from heldout import heldout_prompts  # noqa: E402
 
-from engine.assets import asset_path  # noqa: E402
-from engine.report.figures import pyplot, save  # noqa: E402
+from eyas.engine.assets import asset_path  # noqa: E402
+from eyas.engine.report.figures import pyplot, save  # noqa: E402
 
 SYSTEMS = ("eyas", "transformers")
 
@@ -51,7 +51,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--num-requests", type=int, default=64)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--seed", type=int, default=0, help="seeds the arrival times")
-    p.add_argument("--eyas-overrides", default="", help="extra `key=value` overrides for python -m engine.serve")
+    p.add_argument("--eyas-overrides", default="", help="extra `key=value` overrides for python -m eyas.launch.serve")
     p.add_argument("--out", type=Path, default=Path("bench_serve_out"), help="where bench_serve.json goes")
     p.add_argument("--plot", type=Path, default=None, help="also chart throughput, TTFT and TPOT against the rate")
     return p.parse_args()
@@ -98,7 +98,7 @@ def start_servers(args, workdir: str) -> dict[str, Server]:
     eyas_port, hf_port = free_port(), free_port()
     servers = {}
     try:
-        servers["eyas"] = Server("eyas", [sys.executable, "-m", "engine.serve", f"server.port={eyas_port}",
+        servers["eyas"] = Server("eyas", [sys.executable, "-m", "eyas.launch.serve", f"server.port={eyas_port}",
                                           *args.eyas_overrides.split()], eyas_port, workdir)
         servers["transformers"] = Server("transformers", ["transformers", "serve", target, "--continuous-batching",
                                                           "--device", "cpu", "--port", str(hf_port)], hf_port, workdir)

@@ -40,10 +40,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from workloads import WORKLOADS, workload_prompts  # noqa: E402
 
-from engine import SamplingParams, build_engine  # noqa: E402
-from engine.models.fused_linear import FusedLinear  # noqa: E402
-from engine.report.figures import pyplot, save  # noqa: E402
-from engine.sampling import SamplingBatch  # noqa: E402
+from eyas import SamplingParams, build_engine  # noqa: E402
+from eyas.engine.models.fused_linear import FusedLinear  # noqa: E402
+from eyas.engine.report.figures import pyplot, save  # noqa: E402
+from eyas.engine.sampling import SamplingBatch  # noqa: E402
 
 
 class GemmRecorder:

@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_sampled import Contender, compared, run_waves  # noqa: E402
 from heldout import heldout_prompts  # noqa: E402
 
-from engine import SamplingParams  # noqa: E402
-from engine.assets import asset_path  # noqa: E402
+from eyas import SamplingParams  # noqa: E402
+from eyas.engine.assets import asset_path  # noqa: E402
 
 SCHEMA = {
     "type": "object",
@@ -78,8 +78,8 @@ def mask_cost(steps: int = 300) -> None:
 
     import torch
 
-    from engine.models.config import read_json
-    from engine.structured.grammars import JSON_LAYOUT
+    from eyas.engine.models.config import read_json
+    from eyas.engine.structured.grammars import JSON_LAYOUT
 
     tokenizer_file = Path(asset_path("target")) / "tokenizer.json"
     vocab = read_json(Path(asset_path("target")) / "config.json")["vocab_size"]

@@ -103,8 +103,8 @@ def report(kind: str, dtype: torch.dtype, shape: str, ms: float, num_bytes: int,
 
 
 def bench_decode(dtype, batch: int, context: int, gen):
-    from engine.attention.triton import TritonBackend
-    from kernels.decode_attention import decode_attention, decode_workspace
+    from eyas.engine.attention.triton import TritonBackend
+    from eyas.kernels.decode_attention import decode_attention, decode_workspace
 
     k_cache, v_cache, table = paged_kv(batch, context, dtype, gen)
     rows = torch.arange(batch, device=DEVICE)
@@ -133,7 +133,7 @@ def bench_decode(dtype, batch: int, context: int, gen):
 
 
 def bench_extend(dtype, batch: int, prefix: int, extend: int, gen):
-    from kernels.extend_attention import extend_attention
+    from eyas.kernels.extend_attention import extend_attention
 
     k_cache, v_cache, table = paged_kv(batch, prefix + extend, dtype, gen)
     as_index = dict(dtype=torch.int64, device=DEVICE)
@@ -169,7 +169,7 @@ def bench_extend(dtype, batch: int, prefix: int, extend: int, gen):
 
 
 def bench_store_kv(dtype, num_tokens: int, gen):
-    from kernels.store_kv import store_kv
+    from eyas.kernels.store_kv import store_kv
 
     num_slots = 4 * num_tokens
     k_cache = torch.zeros(num_slots, NUM_KV_HEADS, HEAD_DIM, dtype=dtype, device=DEVICE)
@@ -216,8 +216,6 @@ def main() -> int:
     # Triton reads these when a kernel is defined: before anything imports kernels/
     os.environ["TRITON_INTERPRET"] = "0"
     os.environ["EYAS_TRITON_AUTOTUNE"] = "1" if args.autotune else os.environ.get("EYAS_TRITON_AUTOTUNE", "0")
-    if str(REPO_ROOT) not in sys.path:  # source checkout without `pip install -e .`
-        sys.path.insert(0, str(REPO_ROOT))
     tests_ok = True
     if not args.skip_tests:
         tests_ok = run_tests(args.tests, args.slow)

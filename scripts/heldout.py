@@ -8,7 +8,7 @@ from as many files as there are.
 import sysconfig
 from pathlib import Path
 
-from engine.assets import heldout_files
+from eyas.engine.assets import heldout_files
 
 STARTS = ("def ", "class ", "    def ", "async def ")
 

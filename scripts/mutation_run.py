@@ -162,6 +162,8 @@ def run_tests(work: Path, tests: list[str], timeout: int, env: dict) -> str:
 
 
 def copy_repo(dest: Path) -> Path:
+    """A copy of the repository in a folder named `eyas`: its parent first on PYTHONPATH makes the copy the
+    package the tests import (the root is the package `eyas`)."""
     ignore = shutil.ignore_patterns(".git", "__pycache__", "*.egg-info", "outputs", "multirun", "runs",
                                     "bench_peers_out", ".pytest_cache")
     shutil.copytree(REPO, dest, ignore=ignore)
@@ -198,12 +200,12 @@ def main() -> None:
     jobs = max(1, args.jobs)
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "EYAS_TEST_CACHE_DIR": str(Path(tmp) / "fixtures"), "PYTHONDONTWRITEBYTECODE": "1"}
-        works = [copy_repo(Path(tmp) / f"repo{j}") for j in range(jobs)]
+        works = [copy_repo(Path(tmp) / f"job{j}" / "eyas") for j in range(jobs)]
         for work in works:
             for path in args.files:  # the re-rendered, unmutated modules must pass
                 (work / path).write_text(ast.unparse(ast.parse((REPO / path).read_text())))
         baseline = run_tests(works[0], sorted({t for f in args.files for t in tests_for(f)}), args.timeout * 3,
-                             {**env, "PYTHONPATH": str(works[0])})
+                             {**env, "PYTHONPATH": str(works[0].parent)})
         if baseline != "passed":
             raise SystemExit(f"the unmutated code does not pass its tests ({baseline}): fix that first")
         todo: queue.Queue = queue.Queue()
@@ -213,7 +215,7 @@ def main() -> None:
         threads = str(max(1, (os.cpu_count() or 1) // jobs))
 
         def worker(work: Path) -> None:
-            job_env = {**env, "PYTHONPATH": str(work), "OMP_NUM_THREADS": threads}
+            job_env = {**env, "PYTHONPATH": str(work.parent), "OMP_NUM_THREADS": threads}
             while True:
                 try:
                     path, index = todo.get_nowait()

@@ -16,10 +16,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.nn import functional as F
 
-from engine.attention.dense import dense_batch, dense_positions
-from engine.models.eagle import EagleDraftModel
-from engine.models.eagle3 import Eagle3DraftModel
-from engine.models.loader import load_model
+from eyas.engine.attention.dense import dense_batch, dense_positions
+from eyas.engine.models.eagle import EagleDraftModel
+from eyas.engine.models.eagle3 import Eagle3DraftModel
+from eyas.engine.models.loader import load_model
 from training.data import fixed_windows, random_windows, token_stream
 from training.export import save_hf_dir
 from training.loop import train

@@ -14,10 +14,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.nn import functional as F
 
-from engine.attention.dense import dense_batch, dense_positions
-from engine.models.config import ModelConfig
-from engine.models.llama import LlamaForCausalLM
-from engine.tokenizer import Tokenizer
+from eyas.engine.attention.dense import dense_batch, dense_positions
+from eyas.engine.models.config import ModelConfig
+from eyas.engine.models.llama import LlamaForCausalLM
+from eyas.engine.tokenizer import Tokenizer
 from training.data import fixed_windows, random_windows, token_stream
 from training.export import save_hf_dir
 from training.loop import train

@@ -23,7 +23,7 @@ import pytest  # noqa: E402
 sys.path.insert(0, str(Path(__file__).parent))  # tests/checkpoints.py
 
 from checkpoints import write_llama  # noqa: E402
-from engine import SamplingParams, build_engine  # noqa: E402
+from eyas import SamplingParams, build_engine  # noqa: E402
 from trained_heads import train_heads  # noqa: E402
 
 PLAIN = ["speculative=none", "draft=none"]  # the default config speculates with the shipped heads
@@ -32,8 +32,8 @@ PLAIN = ["speculative=none", "draft=none"]  # the default config speculates with
 def cache_root_with_cpu_kernels(root: Path) -> Path:
     """A fresh cache root holding the CPU kernels this test run built, so a process started on it loads them
     instead of compiling them again (what it records is its own)."""
-    from engine.cpu_ops import cpu_ops_error
-    from kernels import cpu_ops
+    from eyas.engine.cpu_ops import cpu_ops_error
+    from eyas.kernels import cpu_ops
 
     assert cpu_ops_error() is None
     (root / "kernels").mkdir(parents=True, exist_ok=True)

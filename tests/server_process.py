@@ -1,4 +1,4 @@
-"""`python -m engine.serve` as users start it: a real subprocess on a free 127.0.0.1 port."""
+"""`python -m eyas.launch.serve` as users start it: a real subprocess on a free 127.0.0.1 port."""
 
 import json
 import re
@@ -22,7 +22,7 @@ class ServerProcess:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "engine.serve", f"server.port={self.port}", *overrides],
+            [sys.executable, "-m", "eyas.launch.serve", f"server.port={self.port}", *overrides],
             cwd=cwd or tempfile.mkdtemp(prefix="eyas-serve-"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         deadline = time.monotonic() + startup_s

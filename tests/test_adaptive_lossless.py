@@ -8,12 +8,12 @@ import torch
 from dependency_injector import providers
 
 from conftest import DRAFT_KIND, PROMPTS, engine_overrides
-from containers.build import build_container
-from launch.compose import compose_config
-from engine import SamplingParams, build_engine
-from engine.request import Request
-from engine.speculative.candidate import Candidate
-from engine.speculative.phase_clock import CATCH_UP_PHASE, HOST_PHASE
+from eyas.containers.build import build_container
+from eyas.launch.compose import compose_config
+from eyas import SamplingParams, build_engine
+from eyas.engine.request import Request
+from eyas.engine.speculative.candidate import Candidate
+from eyas.engine.speculative.phase_clock import CATCH_UP_PHASE, HOST_PHASE
 
 # unequal lengths: the batch shrinks 5 -> 1 as requests finish, crossing tiers
 PARAMS = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (90, 24, 44, 12, 52)]

@@ -4,14 +4,14 @@ import random
 
 import pytest
 
-from engine.speculative.adaptive.acceptance import AcceptanceModel
-from engine.speculative.adaptive.controller import AdaptiveController
-from engine.speculative.adaptive.ema import EmaPolicy
-from engine.speculative.adaptive.throughput import (MIN_OWN_CYCLES, STALE_OTHER_UPDATES, SWITCH_MARGIN,
+from eyas.engine.speculative.adaptive.acceptance import AcceptanceModel
+from eyas.engine.speculative.adaptive.controller import AdaptiveController
+from eyas.engine.speculative.adaptive.ema import EmaPolicy
+from eyas.engine.speculative.adaptive.throughput import (MIN_OWN_CYCLES, STALE_OTHER_UPDATES, SWITCH_MARGIN,
                                                    ThroughputPolicy)
-from engine.speculative.adaptive.tiers import Tier, build_tiers, tier_index
-from engine.speculative.candidate import Candidate
-from engine.speculative.phase_clock import CATCH_UP_PHASE
+from eyas.engine.speculative.adaptive.tiers import Tier, build_tiers, tier_index
+from eyas.engine.speculative.candidate import Candidate
+from eyas.engine.speculative.phase_clock import CATCH_UP_PHASE
 
 C = Candidate
 
@@ -127,7 +127,7 @@ def test_throughput_policy_keeps_catching_up_out_of_the_cost():
 
 
 def test_cycle_cost_line_through_every_measured_step_count():
-    from engine.speculative.adaptive.cycle_cost import CycleCostModel
+    from eyas.engine.speculative.adaptive.cycle_cost import CycleCostModel
 
     c = CycleCostModel(ema_alpha=1.0)
     assert c.seconds(C(3), 1) is None
@@ -145,7 +145,7 @@ def test_cycle_cost_line_through_every_measured_step_count():
 def test_plain_decoding_cost_follows_the_machine_as_a_chains_does():
     # plain decoding runs mostly in probes: a slow first cycle must not stay in its cost, which would
     # make speculation look cheaper than it is; another drafter's bursty cycles settle slowly
-    from engine.speculative.adaptive.cycle_cost import CycleCostModel
+    from eyas.engine.speculative.adaptive.cycle_cost import CycleCostModel
 
     c = CycleCostModel(ema_alpha=0.5, own_alpha=0.05)
     other = Candidate(4, drafter="ngram")
@@ -157,7 +157,7 @@ def test_plain_decoding_cost_follows_the_machine_as_a_chains_does():
     assert c.seconds(other, 8) == pytest.approx(1.0 + 0.9 / 5)
 
 def test_cycle_cost_clips_a_stall():
-    from engine.speculative.adaptive.cycle_cost import OUTLIER, CycleCostModel
+    from eyas.engine.speculative.adaptive.cycle_cost import OUTLIER, CycleCostModel
 
     c = CycleCostModel(ema_alpha=0.5)
     c.observe(C(3), 1, 1.0)

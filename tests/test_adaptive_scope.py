@@ -7,16 +7,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import engine_overrides
-from containers.adaptive import build_adaptive_runtime_state, build_candidate_states, speculative_scope
-from containers.build import build_container
-from launch.compose import compose_config
-from engine.attention.torch_native import TorchNativeBackend
-from engine.speculative.backend_factory import DraftBackendFactory
-from engine.speculative.bindings import binding_names, snapshot_bindings
-from engine.speculative.candidate import Candidate
-from engine.speculative.drafters.hybrid import HybridDrafter
-from engine.speculative.state import SpecRuntimeState
-from engine.speculative.verify_buffers import VerifyBuffers
+from eyas.containers.adaptive import build_adaptive_runtime_state, build_candidate_states, speculative_scope
+from eyas.containers.build import build_container
+from eyas.launch.compose import compose_config
+from eyas.engine.attention.torch_native import TorchNativeBackend
+from eyas.engine.speculative.backend_factory import DraftBackendFactory
+from eyas.engine.speculative.bindings import binding_names, snapshot_bindings
+from eyas.engine.speculative.candidate import Candidate
+from eyas.engine.speculative.drafters.hybrid import HybridDrafter
+from eyas.engine.speculative.state import SpecRuntimeState
+from eyas.engine.speculative.verify_buffers import VerifyBuffers
 
 CANDIDATES = [Candidate(k) for k in (0, 1, 2, 3, 5)]
 TREES = [Candidate(3, 2, 6), Candidate(2, 4, 8), Candidate(5, 4, 16)]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from engine import ConfigError, RequestOutput, SamplingParams, build_engine
+from eyas import ConfigError, RequestOutput, SamplingParams, build_engine
 from conftest import PLAIN
 
 

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from engine.attention.torch_native import TorchNativeBackend
-from engine.cache.kv_pool import PagedKVPool
-from engine.forward_batch import ForwardBatch
+from eyas.engine.attention.torch_native import TorchNativeBackend
+from eyas.engine.cache.kv_pool import PagedKVPool
+from eyas.engine.forward_batch import ForwardBatch
 
 
 def naive_attention(q, keys, values, query_positions, scale):

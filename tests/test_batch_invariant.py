@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from checkpoints import write_llama
-from containers.factories import batch_invariant_attention
-from engine import ConfigError, SamplingParams, build_engine
-from engine.attention.torch_native import TorchNativeBackend
-from engine.cache.kv_pool import PagedKVPool
-from engine.forward_batch import ForwardBatch
+from eyas.containers.factories import batch_invariant_attention
+from eyas import ConfigError, SamplingParams, build_engine
+from eyas.engine.attention.torch_native import TorchNativeBackend
+from eyas.engine.cache.kv_pool import PagedKVPool
+from eyas.engine.forward_batch import ForwardBatch
 
 PLAIN = ["speculative=none", "draft=none"]
 NGRAM = ["speculative=ngram", "adaptive=off"]

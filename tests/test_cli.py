@@ -4,14 +4,13 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from rich.console import Console
 
-from launch.cli import quote_free_text, run
-from launch.compose import compose_config
-from engine import ConfigError
+from eyas.launch.cli import quote_free_text, run
+from eyas.launch.compose import compose_config
+from eyas import ConfigError
 from conftest import PLAIN
 
 
@@ -43,11 +42,9 @@ def test_prompts_file_plain_and_jsonl(gqa_checkpoint, tmp_path):
         run(config, None)
 
 
-def run_cli(*args, cwd, module="engine"):
-    """`python -m <module> args...` in a subprocess, as a user runs it."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=600)
+def run_cli(*args, cwd, module="eyas"):
+    """`python -m <module> args...` in a subprocess, as a user runs it (the installed package)."""
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
 
 
 @pytest.mark.parametrize("text", ["def fib(n):", "a, b = 'x', \\'y\\'", "x = [1, 2]  # {dict}", "ends with \\"])

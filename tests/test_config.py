@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from containers.build import build_container
-from engine import ConfigError, build_engine
-from engine.config import prepare, resolve, validate
-from engine.speculative.candidate import parse_candidate
-from launch.compose import compose_config, config_dir
+from eyas.containers.build import build_container
+from eyas import ConfigError, build_engine
+from eyas.engine.config import prepare, resolve, validate
+from eyas.engine.speculative.candidate import parse_candidate
+from eyas.launch.compose import compose_config, config_dir
 from conftest import PLAIN
 
 GROUPS = ["model", "draft", "speculative", "attention", "adaptive", "sampling", "cache", "experiment"]
@@ -241,7 +241,7 @@ def test_missing_model_path_names_it():
 
 
 def test_build_engine_rejects_bad_checkpoint_path():
-    from engine import CheckpointError
+    from eyas import CheckpointError
 
     with pytest.raises(CheckpointError, match="model.path"):
         build_engine(["model.path=/no/such/dir"])

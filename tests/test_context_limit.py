@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from conftest import engine_overrides
-from containers.cache import CacheContainer
-from engine import SamplingParams, build_engine
-from engine.cache.allocator import PageAllocator
-from engine.cache.manager import KVCacheManager
-from engine.cache.req_to_token import ReqToTokenTable
-from engine.request import Request
-from engine.scheduler import Scheduler
-from engine.stopping import StopChecker
+from eyas.containers.cache import CacheContainer
+from eyas import SamplingParams, build_engine
+from eyas.engine.cache.allocator import PageAllocator
+from eyas.engine.cache.manager import KVCacheManager
+from eyas.engine.cache.req_to_token import ReqToTokenTable
+from eyas.engine.request import Request
+from eyas.engine.scheduler import Scheduler
+from eyas.engine.stopping import StopChecker
 
 LIMIT = 64
 AROUND_LIMIT = (62, 63, 64, 65)

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from engine.cpu_ops import cpu_ops_error
-from kernels.cpu_attention import paged_attention
+from eyas.engine.cpu_ops import cpu_ops_error
+from eyas.kernels.cpu_attention import paged_attention
 
 
 @pytest.fixture(scope="module", autouse=True)

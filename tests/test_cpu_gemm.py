@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from engine.cpu_ops import cpu_ops_error
-from kernels import cpu_gemm
+from eyas.engine.cpu_ops import cpu_ops_error
+from eyas.kernels import cpu_gemm
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -6,12 +6,12 @@ import stat
 import subprocess
 import sys
 
-from kernels import cpu_ops
+from eyas.kernels import cpu_ops
 
 BUILD_AND_REPORT = """
 import os, stat
-from engine.cpu_ops import cpu_ops_error
-from kernels import cpu_ops
+from eyas.engine.cpu_ops import cpu_ops_error
+from eyas.kernels import cpu_ops
 print("error:", cpu_ops_error())
 print("library:", cpu_ops.loaded_library())
 print("mode:", oct(stat.S_IMODE(os.stat(cpu_ops.loaded_library()).st_mode)))
@@ -44,8 +44,8 @@ def test_without_a_compiler_the_layout_is_refused_and_auto_takes_another(tmp_pat
     packs the layouts that run."""
     script = f"""
 import warnings
-from engine import ConfigError, SamplingParams, build_engine
-from engine.models.fused_linear import FusedLinear
+from eyas import ConfigError, SamplingParams, build_engine
+from eyas.engine.models.fused_linear import FusedLinear
 base = ["speculative=none", "draft=none", "model.path={gqa_checkpoint}"]
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from conftest import PLAIN, PROMPTS, engine_overrides
-from engine import ConfigError, SamplingParams, build_engine
+from eyas import ConfigError, SamplingParams, build_engine
 
 
 @pytest.mark.parametrize("kind,num_steps", [("eagle", 5), ("eagle3", 4)])

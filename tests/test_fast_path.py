@@ -11,16 +11,16 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from engine import ConfigError, SamplingParams, build_engine
-from engine.attention.torch_native import TorchNativeBackend
-from engine.cache.allocator import PageAllocator
-from engine.cache.kv_pool import PagedKVPool
-from engine.forward_batch import ForwardBatch
-from engine.models.config import load_model_config
-from engine.models import fused_linear, layout_store
-from engine.models.fused_linear import FusedLinear, choose_layouts, exact_rows
-from engine.models.loader import load_model
-from engine.models.rope import RotaryEmbedding
+from eyas import ConfigError, SamplingParams, build_engine
+from eyas.engine.attention.torch_native import TorchNativeBackend
+from eyas.engine.cache.allocator import PageAllocator
+from eyas.engine.cache.kv_pool import PagedKVPool
+from eyas.engine.forward_batch import ForwardBatch
+from eyas.engine.models.config import load_model_config
+from eyas.engine.models import fused_linear, layout_store
+from eyas.engine.models.fused_linear import FusedLinear, choose_layouts, exact_rows
+from eyas.engine.models.loader import load_model
+from eyas.engine.models.rope import RotaryEmbedding
 from conftest import PLAIN, cache_root_with_cpu_kernels, engine_overrides
 from test_attention import naive_attention
 
@@ -113,7 +113,7 @@ def test_auto_layouts_are_timed_once_per_machine_and_kept(tmp_path, monkeypatch)
 def test_a_second_process_packs_as_the_first_timed(tmp_path):
     script = """
 import torch
-from engine.models import fused_linear
+from eyas.engine.models import fused_linear
 timed = []
 measure = fused_linear.measure_layout
 fused_linear.measure_layout = lambda *a, **k: timed.append(a[:2]) or measure(*a, **k)
@@ -132,7 +132,7 @@ def test_processes_starting_together_time_a_shape_once(tmp_path):
     script = """
 import pathlib, sys, time
 import torch
-from engine.models import fused_linear
+from eyas.engine.models import fused_linear
 measure = fused_linear.measure_layout
 def slow(*a, **k):
     time.sleep(1.0)  # long enough for the other process to reach the lock
@@ -307,7 +307,7 @@ def test_num_threads_is_applied_and_checked(gqa_checkpoint):
 def test_rms_norm_is_hugging_face_s(hidden_size):
     """Bit for bit Hugging Face's formula, on both of its paths (power-of-two width or not), in float32
     and through the float32 upcast of half precision."""
-    from engine.models.llama import RMSNorm
+    from eyas.engine.models.llama import RMSNorm
 
     torch.manual_seed(2)
     norm = RMSNorm(hidden_size, 1e-5)
@@ -323,8 +323,8 @@ def test_rms_norm_is_hugging_face_s(hidden_size):
 
 def test_unpacked_model_trains(gqa_checkpoint):
     """Training builds the modules unpacked: one forward, every parameter gets a gradient."""
-    from engine.attention.dense import dense_batch, dense_positions
-    from engine.models.llama import LlamaForCausalLM
+    from eyas.engine.attention.dense import dense_batch, dense_positions
+    from eyas.engine.models.llama import LlamaForCausalLM
 
     model = LlamaForCausalLM(load_model_config(gqa_checkpoint))
     ids = torch.randint(0, model.config.vocab_size, (2 * 9,))

@@ -11,14 +11,14 @@ import sys
 import pytest
 
 from conftest import PROMPTS, engine_overrides
-from containers.adaptive import build_candidate_states
-from containers.build import build_container
-from engine import SamplingParams, build_engine
-from engine.errors import ConfigError
-from engine.graphs.settings import graph_settings
-from engine.speculative.bindings import snapshot_bindings
-from engine.speculative.candidate import Candidate
-from launch.compose import compose_config
+from eyas.containers.adaptive import build_candidate_states
+from eyas.containers.build import build_container
+from eyas import SamplingParams, build_engine
+from eyas.engine.errors import ConfigError
+from eyas.engine.graphs.settings import graph_settings
+from eyas.engine.speculative.bindings import snapshot_bindings
+from eyas.engine.speculative.candidate import Candidate
+from eyas.launch.compose import compose_config
 
 COMPILE = "graphs.mode=compile"
 GREEDY = SamplingParams(max_new_tokens=12, ignore_eos=True)
@@ -141,7 +141,7 @@ def test_auto_compiles_ahead_of_time_on_cpu_only():
 
 
 def test_cli_refuses_an_unknown_mode_naming_the_field():
-    result = subprocess.run([sys.executable, "-m", "engine", "speculative=none", "graphs.mode=fast"],
+    result = subprocess.run([sys.executable, "-m", "eyas", "speculative=none", "graphs.mode=fast"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
     assert "graphs.mode" in result.stderr and "fast" in result.stderr

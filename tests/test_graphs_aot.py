@@ -12,8 +12,8 @@ import torch
 
 from checkpoints import write_llama
 from conftest import CHECKPOINTS, PROMPTS, engine_overrides
-from engine import SamplingParams, build_engine
-from engine.graphs.exported import ExportedForward
+from eyas import SamplingParams, build_engine
+from eyas.engine.graphs.exported import ExportedForward
 
 GREEDY = SamplingParams(max_new_tokens=12, ignore_eos=True)
 SAMPLED = SamplingParams(max_new_tokens=12, ignore_eos=True, temperature=0.8, top_p=0.9, seed=7)

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from kernel_device import on_device
-from kernels import decode_attention as decode_module
-from kernels.decode_attention import decode_workspace
+from eyas.kernels import decode_attention as decode_module
+from eyas.kernels.decode_attention import decode_workspace
 
 decode_attention = on_device(decode_module.decode_attention)
 

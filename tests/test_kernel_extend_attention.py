@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from kernels.extend_attention import extend_attention
+from eyas.kernels.extend_attention import extend_attention
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 # reference in fp32 from the same (rounded) inputs; fp16 adds the rounding of probabilities and output

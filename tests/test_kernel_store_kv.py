@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kernel_device import on_device
-from kernels import store_kv as store_kv_module
+from eyas.kernels import store_kv as store_kv_module
 
 store_kv = on_device(store_kv_module.store_kv)
 

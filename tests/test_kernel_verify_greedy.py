@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from kernel_device import on_device
-from kernels import verify_greedy as verify_module
-from kernels.verify_greedy import chain_layout
+from eyas.kernels import verify_greedy as verify_module
+from eyas.kernels.verify_greedy import chain_layout
 
 verify_greedy = on_device(verify_module.verify_greedy)
 

@@ -6,9 +6,9 @@ import random
 import pytest
 import torch
 
-from engine import keyed_random
-from engine.sampling import Sampler, SamplingBatch, filtered_sorted
-from engine.sampling_params import SamplingParams
+from eyas.engine import keyed_random
+from eyas.engine.sampling import Sampler, SamplingBatch, filtered_sorted
+from eyas.engine.sampling_params import SamplingParams
 from test_sampling import chi_square_p_value, reference_probs
 
 
@@ -144,7 +144,7 @@ def test_top_k_of_one_is_the_argmax_at_any_temperature():
 def test_only_filtered_rows_are_ranked(monkeypatch):
     """Without top-k or top-p nothing is sorted; with top-k (in a large vocabulary) only the k best
     columns are ranked."""
-    from engine import sampling
+    from eyas.engine import sampling
 
     monkeypatch.setattr(sampling, "SMALL_VOCABULARY", 0)  # 500 columns: as a large vocabulary's
     logits = torch.randn(3, 500, generator=torch.Generator().manual_seed(5))
@@ -167,7 +167,7 @@ def test_top_p_covered_by_the_first_token_keeps_only_it():
 
 def test_host_hash_gives_the_tensor_hash_bits():
     """A step's few keys and stream uniforms are hashed on the host: bit for bit the tensor hash's."""
-    from engine.sampling import STREAMS
+    from eyas.engine.sampling import STREAMS
 
     rng = random.Random(3)
     words = [keyed_random.seed_words(rng.randrange(2**64)) for _ in range(20)]

@@ -8,8 +8,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from checkpoints import write_llama
-from engine import CheckpointError, ConfigError, SamplingParams, build_engine
-from engine.models.loader import load_model
+from eyas import CheckpointError, ConfigError, SamplingParams, build_engine
+from eyas.engine.models.loader import load_model
 from conftest import PLAIN
 
 
@@ -130,14 +130,14 @@ def test_without_tokenizer_token_ids_work_and_text_fails_clearly(tmp_path):
 def test_eos_ids_from_generation_config(gqa_checkpoint, tmp_path):
     path = copy_checkpoint(gqa_checkpoint, tmp_path / "c")
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, 7]}))
-    from engine.models.config import load_model_config
+    from eyas.engine.models.config import load_model_config
 
     assert load_model_config(path).eos_token_ids == (1, 7)
 
 
 def test_published_head_layouts_load(spec_pair, tmp_path):
     from checkpoints import write_eagle3_head, write_eagle_head
-    from engine.models.draft_loader import load_draft
+    from eyas.engine.models.draft_loader import load_draft
 
     target_dir, _ = spec_pair
     target = load_model(target_dir)
@@ -214,7 +214,7 @@ def test_broken_engine_build_names_the_checkpoint(gqa_checkpoint, tmp_path):
 @pytest.mark.parametrize("fmt", ["bin", "safetensors"])
 def test_truncated_head_names_the_file(spec_pair, tmp_path, fmt):
     from checkpoints import write_eagle3_head
-    from engine.models.draft_loader import load_draft
+    from eyas.engine.models.draft_loader import load_draft
 
     target_dir, _ = spec_pair
     head = write_eagle3_head(tmp_path / "e3", target_dir, fmt=fmt)
@@ -233,7 +233,7 @@ def test_truncated_head_names_the_file(spec_pair, tmp_path, fmt):
 ])
 def test_broken_head_tensors_are_named(spec_pair, tmp_path, edit, match):
     from checkpoints import write_eagle3_head
-    from engine.models.draft_loader import load_draft
+    from eyas.engine.models.draft_loader import load_draft
 
     target_dir, _ = spec_pair
     head = write_eagle3_head(tmp_path / "e3", target_dir, fmt="safetensors", draft_vocab_size=100)
@@ -265,9 +265,9 @@ def test_models_build_without_initialising_and_leave_other_threads_alone():
 
     from torch import nn
 
-    from engine.models.loader import meta_device
+    from eyas.engine.models.loader import meta_device
 
-    script = "import sys; from engine import build_engine; build_engine([]); print('torch._dynamo' in sys.modules)"
+    script = "import sys; from eyas import build_engine; build_engine([]); print('torch._dynamo' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert done.stdout.split()[-1] == "False", done.stdout + done.stderr
     inside, started, built = threading.Event(), threading.Event(), []

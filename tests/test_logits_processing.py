@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from conftest import PROMPTS, engine_overrides, run_plain
-from engine import ConfigError, SamplingParams, build_engine
-from engine.logits_processing import LogitsProcessing
-from engine.speculative.tree import ancestor_mask
+from eyas import ConfigError, SamplingParams, build_engine
+from eyas.engine.logits_processing import LogitsProcessing
+from eyas.engine.speculative.tree import ancestor_mask
 
 PROCESSED = dict(presence_penalty=0.6, frequency_penalty=0.4, repetition_penalty=1.3)
 # drafters and shapes: an EAGLE chain, an EAGLE-3 tree, n-gram lookup, the hybrid's tree
@@ -275,7 +275,7 @@ def test_only_the_forwards_of_logprobs_requests_run_exact(spec_pair, setting, ex
 
 
 def test_exact_logprobs_needs_the_torch_native_backend():
-    from containers.factories import exact_logprobs
+    from eyas.containers.factories import exact_logprobs
 
     assert exact_logprobs(None, "triton") is False
     with pytest.raises(ConfigError, match=r"attention.exact_logprobs=true needs attention.backend=torch_native"):

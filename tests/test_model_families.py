@@ -8,9 +8,9 @@ from checkpoints import write_llama
 from conftest import PLAIN, engine_overrides
 from test_loader import copy_checkpoint, edit_config
 from test_oracle import ORACLE_PROMPTS, hf_greedy, hf_model
-from engine import CheckpointError, ConfigError, SamplingParams, build_engine
-from engine.models.config import load_model_config
-from engine.models.loader import load_model
+from eyas import CheckpointError, ConfigError, SamplingParams, build_engine
+from eyas.engine.models.config import load_model_config
+from eyas.engine.models.loader import load_model
 
 FAMILY_CHECKPOINTS = ["qwen2", "qwen3", "mistral"]
 

@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 
-from engine import SamplingParams, build_engine
-from engine.forward_batch import ForwardBatch
+from eyas import SamplingParams, build_engine
+from eyas.engine.forward_batch import ForwardBatch
 from conftest import PLAIN
 
 # compared against transformers: prompts of unequal token lengths (asserted), prose next to code

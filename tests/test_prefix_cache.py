@@ -6,11 +6,11 @@ import random
 import pytest
 
 from conftest import DRAFTER_CASES, draft_head, engine_overrides
-from engine import SamplingParams, build_engine
-from engine.cache.allocator import PageAllocator
-from engine.cache.manager import KVCacheManager
-from engine.cache.prefix_cache import PrefixCache
-from engine.cache.req_to_token import ReqToTokenTable
+from eyas import SamplingParams, build_engine
+from eyas.engine.cache.allocator import PageAllocator
+from eyas.engine.cache.manager import KVCacheManager
+from eyas.engine.cache.prefix_cache import PrefixCache
+from eyas.engine.cache.req_to_token import ReqToTokenTable
 
 GREEDY = SamplingParams(max_new_tokens=12, ignore_eos=True)
 
@@ -254,7 +254,7 @@ def test_n_samples_hold_one_copy_of_their_prompt(spec_pair, algorithm):
 
 
 def test_prefix_caching_must_be_a_boolean(checkpoint):
-    from engine.errors import ConfigError
+    from eyas.engine.errors import ConfigError
     with pytest.raises(ConfigError, match=r"cache\.prefix_caching[\s\S]*not a valid bool"):
         build_engine(engine_overrides(checkpoint("gqa"), "none", "cache.prefix_caching=maybe"))
 

@@ -13,11 +13,11 @@ from torch import nn
 from torch.nn import functional as F
 
 from conftest import GRAPHS, PARAMS_16, PLAIN, PROMPTS, PROMPTS_16, engine_overrides
-from engine import ConfigError, SamplingParams, build_engine
-from engine.attention.dense import dense_batch, dense_positions
-from engine.models.fused_linear import FusedLinear
-from engine.models.loader import load_model
-from engine.models.weight_formats import (INT4_GROUP_SIZES, SCHEMES, Fp16Weights, Int4Weights, Int8Weights,
+from eyas import ConfigError, SamplingParams, build_engine
+from eyas.engine.attention.dense import dense_batch, dense_positions
+from eyas.engine.models.fused_linear import FusedLinear
+from eyas.engine.models.loader import load_model
+from eyas.engine.models.weight_formats import (INT4_GROUP_SIZES, SCHEMES, Fp16Weights, Int4Weights, Int8Weights,
                                           Quantization, check_int4_shapes, check_quantization)
 from test_cli import run_cli
 from test_spec_ngram import REPEATING_PROMPTS

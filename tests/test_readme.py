@@ -6,11 +6,11 @@ Stand-ins for what a reader brings:
 - `prompts.txt`, `prompts.jsonl`: files in the working directory;
 - `HEAD:6379`: a Ray head node this test starts (without Ray's token authentication), and stops afterwards;
 - `multirun/DATE/TIME`: the newest multirun directory whose jobs ran;
-- `127.0.0.1:PORT`: a free port in place of the README's; `python -m engine.serve` starts in the
+- `127.0.0.1:PORT`: a free port in place of the README's; `python -m eyas.launch.serve` starts in the
   background, must answer `/v1/models` with its model, and stops at the end of the module (the
   python blocks that speak to it run while it is up).
 
-Changes to the commands: `sampling.max_new_tokens=2` is appended to each `python -m engine` command, so
+Changes to the commands: `sampling.max_new_tokens=2` is appended to each `python -m eyas` command, so
 each generates briefly; `pip install` runs with `--dry-run` (it resolves what it would install and
 changes nothing); a `slurm` launcher submits to a stand-in `sbatch` on PATH that keeps the submission
 script and refuses it (there is no cluster here), and the script is checked; `python -m pytest` is
@@ -87,7 +87,7 @@ class Workspace:
             return sorted(d for d in self.path.glob("multirun/*/*") if any(d.rglob("outputs.json")))
 
         if not ran():  # run alone (pytest -k): make one to report on
-            self.run(["python", "-m", "engine", "-m", "speculative.num_steps=1,2", TINY])
+            self.run(["python", "-m", "eyas", "-m", "speculative.num_steps=1,2", TINY])
         return ran()[-1]
 
     def start_ray(self) -> str:
@@ -146,7 +146,7 @@ def run_segment(space: Workspace, words: list[str]) -> None:
         done = space.run([sys.executable, "-m", "pip", "install", "--dry-run", "-q", *words[2:]], cwd=ROOT)
     elif words[:3] == ["python", "-m", "pytest"]:
         return  # this suite: test_ci_runs_the_readme_test_command
-    elif words[:3] == ["python", "-m", "engine"] and "hydra/launcher=slurm" in words:
+    elif words[:3] == ["python", "-m", "eyas"] and "hydra/launcher=slurm" in words:
         bin_dir = space.path / "fake_slurm"
         bin_dir.mkdir(exist_ok=True)
         for name, text in (("sbatch", FAKE_SBATCH), ("srun", "#!/bin/sh\nexit 1\n")):
@@ -161,16 +161,16 @@ def run_segment(space: Workspace, words: list[str]) -> None:
                      "#SBATCH --cpus-per-task=8", "submitit.core._submit"):
             assert line in script, f"{line!r} not in the submission script:\n{script}"
         return
-    elif words[:3] == ["python", "-m", "engine"]:
+    elif words[:3] == ["python", "-m", "eyas"]:
         done = space.run([*words, TINY], env=_env())
-    elif words[:3] == ["python", "-m", "engine.serve"]:
+    elif words[:3] == ["python", "-m", "eyas.launch.serve"]:
         readme_port = next(w.split("=", 1)[1] for w in words if w.startswith("server.port="))
         server = space.start_server(readme_port, [w for w in words[3:] if not w.startswith("server.port=")])
         status, models = server.get("/v1/models")
         name = next((w.split("=", 1)[1] for w in words if w.startswith("server.served_model_name=")), "target")
         assert status == 200 and f'"id":"{name}"' in models, models
         return
-    elif words[:3] == ["python", "-m", "engine.report"]:
+    elif words[:3] == ["python", "-m", "eyas.engine.report"]:
         done = space.run(words, env=_env())
         assert "wrote" in done.stdout and (Path(words[3]) / "report.md").is_file(), done.stdout + done.stderr
     else:
@@ -205,5 +205,5 @@ def test_the_readme_has_commands_of_every_kind():
     commands = bash_commands()
     assert len(commands) >= 15 and readme_blocks("python")
     for needle in ("python -m pytest", "experiment=tune_speculative", "hydra/launcher=ray", "hydra/launcher=slurm",
-                   "python -m engine.report", "prompts_file=", "python -m engine.serve"):
+                   "python -m eyas.engine.report", "prompts_file=", "python -m eyas.launch.serve"):
         assert any(needle in c for c in commands), needle

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from checkpoints import write_llama
-from engine import SamplingParams, build_engine
+from eyas import SamplingParams, build_engine
 from conftest import PLAIN
 
 
@@ -91,8 +91,8 @@ def test_filters_on_candidates_and_on_every_column_give_the_reference_distributi
     """Both ways `filtered_sorted` computes the filtered distribution (a sort of the best `CANDIDATES`
     columns, or every column bucketed without a sort) give temperature -> top-k -> top-p exactly, rows
     filtered differently in one batch."""
-    from engine import sampling
-    from engine.sampling import filtered_all_columns, filtered_sorted
+    from eyas.engine import sampling
+    from eyas.engine.sampling import filtered_all_columns, filtered_sorted
 
     monkeypatch.setattr(sampling, "SMALL_VOCABULARY", 0)  # 300 columns: as a large vocabulary's
 
@@ -115,7 +115,7 @@ def test_filters_on_candidates_and_on_every_column_give_the_reference_distributi
 def test_top_k_keeps_exactly_k_at_ties_and_any_k_past_the_vocabulary():
     """Tied logits at the k-th value (common with bf16 projections): both filter paths keep k columns
     by rank, as the reference does; a top_k past the vocabulary filters nothing."""
-    from engine.sampling import filtered_all_columns, filtered_sorted
+    from eyas.engine.sampling import filtered_all_columns, filtered_sorted
 
     logits = torch.tensor([[5.0, 4.0, 4.0, 4.0, 1.0, 0.0], [1.0, 2.0, 3.0, 3.0, 3.0, 0.0]])
     top_k, top_p = torch.tensor([2, 3]), torch.ones(2)
@@ -128,7 +128,7 @@ def test_top_k_keeps_exactly_k_at_ties_and_any_k_past_the_vocabulary():
 def test_uniforms_stay_below_one():
     """The top hash value would round to 1 in float32 (E = -log u = 0: a column of probability 0 would
     win the race as 0 / 0); it is kept below 1."""
-    from engine import keyed_random
+    from eyas.engine import keyed_random
 
     top = keyed_random.to_uniforms(torch.tensor([2**32 - 1, 0]))
     assert top[0] < 1.0 and top[1] > 0.0

@@ -1,5 +1,5 @@
 """The OpenAI-compatible server through the official `openai` client, as users run it: `python -m
-engine.serve` in a subprocess on the shipped defaults. Greedy text must equal the offline engine's,
+eyas.engine.serve` in a subprocess on the shipped defaults. Greedy text must equal the offline engine's,
 streamed text the non-streamed text; bad requests get a 4xx and leave the server healthy; cancelled
 requests free their KV at once."""
 
@@ -15,7 +15,7 @@ import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
-from engine import SamplingParams, build_engine
+from eyas import SamplingParams, build_engine
 from server_process import ServerProcess
 
 MODEL = "target"  # the shipped target's directory name
@@ -285,6 +285,6 @@ def test_full_queue_answers_503_and_api_key_is_required(tmp_path):
     ("server.chat_template.user=hi", "server.chat_template.user must contain '{content}'"),
 ])
 def test_bad_server_config_is_a_clear_error(tmp_path, override, message):
-    done = subprocess.run([sys.executable, "-m", "engine.serve", override], cwd=tmp_path, capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "eyas.launch.serve", override], cwd=tmp_path, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 2 and message in done.stderr, done.stderr

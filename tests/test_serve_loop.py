@@ -5,9 +5,9 @@ import asyncio
 import pytest
 
 from conftest import PLAIN
-from engine import SamplingParams, build_engine
-from engine.serve.detokenizer import IncrementalDetokenizer
-from engine.serve.loop import EngineLoop, Finished, Stream
+from eyas import SamplingParams, build_engine
+from eyas.engine.serve.detokenizer import IncrementalDetokenizer
+from eyas.engine.serve.loop import EngineLoop, Finished, Stream
 
 
 @pytest.fixture(scope="module")

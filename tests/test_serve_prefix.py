@@ -1,4 +1,4 @@
-"""The server with the prefix cache, as users run it (`python -m engine.serve` on the shipped defaults,
+"""The server with the prefix cache, as users run it (`python -m eyas.launch.serve` on the shipped defaults,
 speculation on): a shared prefix is reused and reported as OpenAI does, with the offline engine's
 text; hostile bodies are refused before they cost anything; and a soak of random valid and invalid
 requests, cancellations and hang-ups leaves the server healthy with no KV page held."""
@@ -11,7 +11,7 @@ import socket
 import pytest
 from openai import OpenAI
 
-from engine import SamplingParams, build_engine
+from eyas import SamplingParams, build_engine
 from server_process import ServerProcess
 
 MODEL = "target"

@@ -9,7 +9,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from engine import SamplingParams, build_engine
+from eyas import SamplingParams, build_engine
 from server_process import ServerProcess
 from test_serve import MODEL, SERVED_PROMPTS
 

@@ -6,10 +6,10 @@ import pytest
 from rich.console import Console
 
 from conftest import engine_overrides
-from launch.cli import run
-from launch.compose import compose_config
-from engine import SamplingParams, build_engine
-from engine.assets import asset_path, heldout_files
+from eyas.launch.cli import run
+from eyas.launch.compose import compose_config
+from eyas import SamplingParams, build_engine
+from eyas.engine.assets import asset_path, heldout_files
 
 # the prompts GOLDEN_TAU was recorded on, for the shipped code model
 GOLDEN_PROMPTS = ["def fibonacci(n):\n", "import os\nimport sys\n\n", "class Stack:\n    def __init__(self):\n",

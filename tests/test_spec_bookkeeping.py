@@ -2,8 +2,8 @@
 
 import torch
 
-from engine.speculative.drafters.deferred_extend import DeferredExtend
-from engine.speculative.metrics import SpecCounters
+from eyas.engine.speculative.drafters.deferred_extend import DeferredExtend
+from eyas.engine.spec_metrics import SpecCounters
 
 
 def test_counters_report_exact_figures():
@@ -57,11 +57,11 @@ def test_runtime_state_parts_must_agree_and_the_state_is_frozen():
 
     import pytest
 
-    from engine.attention.torch_native import TorchNativeBackend
-    from engine.speculative.backend_factory import DraftBackendFactory
-    from engine.speculative.candidate import Candidate
-    from engine.speculative.state import SpecRuntimeState
-    from engine.speculative.verify_buffers import VerifyBuffers
+    from eyas.engine.attention.torch_native import TorchNativeBackend
+    from eyas.engine.speculative.backend_factory import DraftBackendFactory
+    from eyas.engine.speculative.candidate import Candidate
+    from eyas.engine.speculative.state import SpecRuntimeState
+    from eyas.engine.speculative.verify_buffers import VerifyBuffers
 
     def factory(num_steps):
         return DraftBackendFactory({"torch_native": TorchNativeBackend}, 16, num_steps, "prefill",

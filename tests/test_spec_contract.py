@@ -4,13 +4,13 @@ runner's `attn_backend`; each draft decode step on its own backend; nothing else
 import pytest
 
 from conftest import PLAIN, engine_overrides
-from engine import ConfigError, SamplingParams, build_engine
-from engine.attention.torch_native import TorchNativeBackend
-from engine.speculative import bindings
-from engine.speculative.backend_factory import DraftBackendFactory
-from engine.speculative.candidate import Candidate
-from engine.speculative.state import SpecRuntimeState
-from engine.speculative.verify_buffers import VerifyBuffers
+from eyas import ConfigError, SamplingParams, build_engine
+from eyas.engine.attention.torch_native import TorchNativeBackend
+from eyas.engine.speculative import bindings
+from eyas.engine.speculative.backend_factory import DraftBackendFactory
+from eyas.engine.speculative.candidate import Candidate
+from eyas.engine.speculative.state import SpecRuntimeState
+from eyas.engine.speculative.verify_buffers import VerifyBuffers
 
 
 class RecordingBackend(TorchNativeBackend):
@@ -164,7 +164,7 @@ def test_drafters_compose_instead_of_inheriting():
     """Each drafter holds what it shares (a DraftHead, another drafter) and implements the protocol itself."""
     import inspect
 
-    from engine.speculative.drafters import base, eagle, hybrid, ngram, standalone
+    from eyas.engine.speculative.drafters import base, eagle, hybrid, ngram, standalone
 
     drafters = [eagle.EagleDrafter, ngram.NgramDrafter, standalone.StandaloneDrafter, hybrid.HybridDrafter]
     for cls in drafters:

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from conftest import PROMPTS, engine_overrides
-from engine import SamplingParams, build_engine
-from engine.sampling import SamplingBatch
-from engine.speculative.candidate import Candidate
+from eyas import SamplingParams, build_engine
+from eyas.engine.sampling import SamplingBatch
+from eyas.engine.speculative.candidate import Candidate
 
 PARAMS = SamplingParams(max_new_tokens=28, ignore_eos=True)
 
@@ -117,7 +117,7 @@ def test_no_kv_leak_after_500_random_requests(spec_pair):
 def test_prefill_fills_the_draft_kv_of_exactly_the_prompt_positions(spec_pair, kind):
     """The draft head pairs prompt token p + 1 (the first output after the last) with the target feature
     of position p, at position p: its KV covers positions 0 .. len(prompt) - 1, nothing after."""
-    from engine.request import Request
+    from eyas.engine.request import Request
 
     target, heads = spec_pair
     with build_engine(engine_overrides(target, kind, "cache.page_size=1", head=heads[kind])) as eng:

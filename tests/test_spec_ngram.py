@@ -8,8 +8,8 @@ import random
 import pytest
 
 from conftest import PARAMS_16, engine_overrides, random_requests_match_plain
-from engine import ConfigError, SamplingParams, build_engine
-from engine.speculative.drafters.ngram_index import NgramIndex
+from eyas import ConfigError, SamplingParams, build_engine
+from eyas.engine.speculative.drafters.ngram_index import NgramIndex
 from test_cli import run_cli
 
 # a batch of 16 prompts of code that repeats itself (unlike conftest's PROMPTS_16), so the lookup finds
@@ -93,7 +93,7 @@ def test_no_kv_leak_after_random_requests_with_ngram(spec_pair):
 
 
 def assert_cli_run_equals_plain(algorithm: str, tmp_path) -> None:
-    """`python -m engine speculative=<algorithm>` alone runs, speculates, and prints plain decoding's text."""
+    """`python -m eyas speculative=<algorithm>` alone runs, speculates, and prints plain decoding's text."""
     proc = run_cli(f"speculative={algorithm}", "sampling.max_new_tokens=32", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "tau" in proc.stdout

@@ -7,9 +7,9 @@ draft), the command line with no other override, and a draft LM that does not fi
 import pytest
 
 from conftest import PARAMS_16, PROMPTS, PROMPTS_16, engine_overrides, random_requests_match_plain
-from engine import SamplingParams, build_engine
-from engine.assets import asset_path
-from engine.errors import CheckpointError
+from eyas import SamplingParams, build_engine
+from eyas.engine.assets import asset_path
+from eyas.engine.errors import CheckpointError
 from test_spec_ngram import assert_cli_run_equals_plain
 
 
@@ -84,7 +84,7 @@ def test_the_lm_keeps_its_kv_only_where_it_fed_the_emitted_tokens():
     LM must feed that position again."""
     from types import SimpleNamespace
 
-    from engine.speculative.drafters.standalone import StandaloneDrafter
+    from eyas.engine.speculative.drafters.standalone import StandaloneDrafter
 
     drafter = StandaloneDrafter(head=None)
     requests = [SimpleNamespace(row=0), SimpleNamespace(row=1)]

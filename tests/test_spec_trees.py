@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from conftest import PARAMS_16, PROMPTS, PROMPTS_16, engine_overrides
-from engine import ConfigError, SamplingParams, build_engine
-from engine.speculative.candidate import Candidate
-from engine.speculative.tree import DraftTree, ancestor_mask, max_tree_nodes, select_tree
-from engine.speculative.verify import walk_tree
+from eyas import ConfigError, SamplingParams, build_engine
+from eyas.engine.speculative.candidate import Candidate
+from eyas.engine.speculative.tree import DraftTree, ancestor_mask, max_tree_nodes, select_tree
+from eyas.engine.speculative.verify import walk_tree
 
 SHAPES = [(2, 4, 10), (4, 5, 16), (8, 3, 24)]  # topk, num_steps, num_draft_tokens
 
@@ -142,8 +142,8 @@ def test_tree_config_errors_name_the_field_and_range(override, message):
 
 
 def test_a_configured_tree_with_adaptive_starts_there_only_when_the_first_tier_lists_it():
-    from engine.config import prepare
-    from launch.compose import compose_config
+    from eyas.engine.config import prepare
+    from eyas.launch.compose import compose_config
 
     tree = ["speculative.topk=4", "speculative.num_steps=2", "speculative.num_draft_tokens=8"]
     config, notices = prepare(compose_config(tree))  # the default, adaptive=auto, runs a configured tree as it is
@@ -164,7 +164,7 @@ def test_max_tree_nodes():
 def test_on_the_shipped_pair_a_tree_accepts_more_per_cycle_than_the_chain():
     """A wrong ancestor or parent state in the expansion still verifies losslessly but drafts worse:
     tau is the check. Greedy, so the figures are deterministic."""
-    from engine.assets import asset_path
+    from eyas.engine.assets import asset_path
 
     prompts = [p for p in Path(asset_path("prompts")).read_text().splitlines() if p.strip()][:4]
     taus = {}
@@ -181,8 +181,8 @@ def test_every_tree_node_is_among_the_top_children_of_its_parent_drafted_along_i
     """Each node's children come from the head run along that node's own path, as a chain would run
     it: replay every path with forced tokens and check the tree's children are its best ones (shipped
     pair: its head reads its context and its parent's state, so a wrong ancestor or state shows)."""
-    from engine.forward_batch import ForwardBatch
-    from engine.sampling import SamplingBatch
+    from eyas.engine.forward_batch import ForwardBatch
+    from eyas.engine.sampling import SamplingBatch
 
     topk = 3
     with build_engine(engine_overrides(None, kind, "speculative.tree_score_temperature=0.1", num_steps=5, topk=topk,

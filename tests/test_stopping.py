@@ -1,6 +1,6 @@
 """Each request ends on its own stop: eos, stop string, max_new_tokens."""
 
-from engine import SamplingParams, build_engine
+from eyas import SamplingParams, build_engine
 from conftest import PLAIN, PROMPTS
 
 

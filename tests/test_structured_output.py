@@ -8,7 +8,7 @@ import jsonschema
 import pytest
 
 from conftest import PROMPTS, engine_overrides, run_plain
-from engine import ConfigError, SamplingParams, build_engine
+from eyas import ConfigError, SamplingParams, build_engine
 
 SCHEMAS = [
     {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"},
@@ -134,9 +134,9 @@ def test_the_tokens_a_grammar_forces_fill_a_lookup_chain_past_its_drafts(spec_pa
 def test_a_forced_chain_keeps_the_allowed_drafts_then_takes_what_the_grammar_forces():
     from pathlib import Path
 
-    from engine.assets import asset_path
-    from engine.structured.grammars import GrammarCompiler
-    from engine.tokenizer import Tokenizer
+    from eyas.engine.assets import asset_path
+    from eyas.engine.structured.grammars import GrammarCompiler
+    from eyas.engine.tokenizer import Tokenizer
 
     directory = Path(asset_path("target"))
     tokenizer = Tokenizer.from_dir(directory)

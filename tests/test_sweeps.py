@@ -1,6 +1,6 @@
 """Runs return their objective to sweepers, Optuna finds and prints the best configuration, failed jobs
 are recorded without losing the others, prompts files work alone from the command line, and
-`python -m engine.report` tabulates and charts a sweep."""
+`python -m eyas.engine.report` tabulates and charts a sweep."""
 
 import json
 from pathlib import Path
@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from engine import ConfigError
-from engine.config import prepare
-from launch.best_overrides import best_overrides_line
-from launch.compose import compose_config
-from engine.report import collect_runs, swept_keys, write_report
+from eyas import ConfigError
+from eyas.engine.config import prepare
+from eyas.launch.best_overrides import best_overrides_line
+from eyas.launch.compose import compose_config
+from eyas.engine.report import collect_runs, swept_keys, write_report
 from conftest import PLAIN
 from test_cli import run_cli
 
@@ -78,7 +78,7 @@ def test_optuna_search_maximises_the_objective_and_prints_the_best_overrides(tmp
     params = results["best_params"]
     assert set(params) == {"speculative", "adaptive", "speculative.num_steps"}
     assert params["speculative.num_steps"] == best["config"]["speculative"]["num_steps"]
-    line = f"python -m engine objective={objective} {TINY} speculative={params['speculative']} " \
+    line = f"python -m eyas objective={objective} {TINY} speculative={params['speculative']} " \
            f"adaptive={params['adaptive']} speculative.num_steps={params['speculative.num_steps']}"
     assert line in proc.stdout, proc.stdout[-2000:]
 
@@ -86,7 +86,7 @@ def test_optuna_search_maximises_the_objective_and_prints_the_best_overrides(tmp
 def test_best_overrides_line_keeps_the_fixed_overrides_first():
     results = {"best_params": {"speculative": "eagle3", "speculative.num_steps": 4}, "best_value": 1.0}
     assert best_overrides_line(results, ["model.path=/m"]) == \
-        "python -m engine model.path=/m speculative=eagle3 speculative.num_steps=4"
+        "python -m eyas model.path=/m speculative=eagle3 speculative.num_steps=4"
 
 
 def test_a_failing_job_is_recorded_and_the_others_run(gqa_checkpoint, tmp_path):
@@ -96,7 +96,7 @@ def test_a_failing_job_is_recorded_and_the_others_run(gqa_checkpoint, tmp_path):
     failed, ran = (json.loads((tmp_path / "sweep" / str(i) / "outputs.json").read_text()) for i in (0, 1))
     assert "cache.max_total_tokens (4)" in failed["error"] and "cache.max_total_tokens=4" in failed["overrides"]
     assert ran["metrics"]["generated_tokens"] == 3
-    report = run_cli(str(tmp_path / "sweep"), cwd=tmp_path, module="engine.report")
+    report = run_cli(str(tmp_path / "sweep"), cwd=tmp_path, module="eyas.engine.report")
     assert report.returncode == 0, report.stderr
     text = (tmp_path / "sweep" / "report.md").read_text()
     assert "| 0 | 4 | - | - | - | cache.max_total_tokens (4) must be at least" in text
@@ -148,7 +148,7 @@ def test_report_of_an_optuna_sweep_names_the_best_trial(tmp_path):
 
 
 def test_report_errors_name_the_directory(tmp_path):
-    proc = run_cli(str(tmp_path / "nope"), cwd=tmp_path, module="engine.report")
+    proc = run_cli(str(tmp_path / "nope"), cwd=tmp_path, module="eyas.engine.report")
     assert proc.returncode == 2 and "no such directory" in proc.stderr
-    proc = run_cli(str(tmp_path), cwd=tmp_path, module="engine.report")
+    proc = run_cli(str(tmp_path), cwd=tmp_path, module="eyas.engine.report")
     assert proc.returncode == 2 and f"no outputs.json under {tmp_path}" in proc.stderr

@@ -18,11 +18,11 @@ import pytest
 import torch
 
 from conftest import PLAIN, PROMPTS, engine_overrides
-from engine import ConfigError, SamplingParams, build_engine
-from engine.attention.torch_native import TorchNativeBackend
-from engine.attention.triton import TritonBackend
-from engine.cache.kv_pool import PagedKVPool
-from engine.forward_batch import ForwardBatch
+from eyas import ConfigError, SamplingParams, build_engine
+from eyas.engine.attention.torch_native import TorchNativeBackend
+from eyas.engine.attention.triton import TritonBackend
+from eyas.engine.cache.kv_pool import PagedKVPool
+from eyas.engine.forward_batch import ForwardBatch
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEVICE = torch.device("cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu")
@@ -224,7 +224,7 @@ def test_gpu_check_without_cuda_says_so_and_succeeds():
 
 
 def test_compiled_kernels_refuse_cpu_tensors_with_a_clear_error(monkeypatch):
-    import engine.attention.triton as triton_backend
+    import eyas.engine.attention.triton as triton_backend
 
     # kernels imported (compiled) before TRITON_INTERPRET=1 was set, no CUDA: the constructor says so
     monkeypatch.setattr(triton_backend, "_defined_in_interpreter", lambda kernel: False)

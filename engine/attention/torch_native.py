@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
-from engine.forward_batch import ForwardBatch
+from eyas.engine.forward_batch import ForwardBatch
 
 
 @dataclass

@@ -17,8 +17,9 @@ from itertools import accumulate
 
 import torch
 
-from engine.errors import ConfigError
-from engine.forward_batch import ForwardBatch
+from eyas.engine.errors import ConfigError
+from eyas.engine.attention.torch_native import TorchNativeBackend
+from eyas.engine.forward_batch import ForwardBatch
 
 _TRUE = ("1", "true", "on", "yes", "y")
 
@@ -36,9 +37,7 @@ def _interpreter_requested() -> bool:
 
 
 def _other_backends() -> str:
-    from engine.attention.registry import BACKENDS  # the registry imports this module
-
-    return ", ".join(sorted(name for name in BACKENDS if name != TritonBackend.name))
+    return TorchNativeBackend.name  # the backend that runs wherever torch does
 
 
 def _defined_in_interpreter(kernel) -> bool:
@@ -71,7 +70,7 @@ class TritonBackend:
             raise ConfigError(
                 "attention backend 'triton' needs a CUDA device, or TRITON_INTERPRET=1 to run its kernels in "
                 f"the Triton interpreter (slow); allowed here: {_other_backends()}")
-        from kernels import decode_attention, extend_attention, store_kv
+        from eyas.kernels import decode_attention, extend_attention, store_kv
 
         self._store_kv = store_kv.store_kv
         self._decode_attention = decode_attention.decode_attention

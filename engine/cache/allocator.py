@@ -4,7 +4,7 @@ Pages are handed out lowest-numbered first, so a request admitted into a pool th
 gets one contiguous run of slots (attention then reads its KV as a view instead of a gather).
 """
 
-from engine.errors import EyasError
+from eyas.engine.errors import EyasError
 
 
 class PageAllocator:

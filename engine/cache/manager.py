@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.cache.allocator import PageAllocator
-from engine.cache.prefix_cache import PrefixCache, PrefixNode
-from engine.cache.req_to_token import ReqToTokenTable
+from eyas.engine.cache.allocator import PageAllocator
+from eyas.engine.cache.prefix_cache import PrefixCache, PrefixNode
+from eyas.engine.cache.req_to_token import ReqToTokenTable
 
 
 @dataclass

@@ -21,7 +21,7 @@ evictable, leaves first in least-recently-used order.
 import heapq
 import itertools
 
-from engine.cache.allocator import PageAllocator
+from eyas.engine.cache.allocator import PageAllocator
 
 
 class PrefixNode:

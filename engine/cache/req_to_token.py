@@ -8,7 +8,7 @@ what fits a request is the context limit alone, whatever the speculation.
 
 import torch
 
-from engine.errors import EyasError
+from eyas.engine.errors import EyasError
 
 
 class ReqToTokenTable:

@@ -1,7 +1,7 @@
 """The composed config (a plain dict): `resolve` fills in what it derives, `validate` checks the result."""
 
-from engine.config.resolution import resolve
-from engine.config.validation import validate
+from eyas.engine.config.resolution import resolve
+from eyas.engine.config.validation import validate
 
 
 def prepare(config: dict) -> tuple[dict, list[str]]:

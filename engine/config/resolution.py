@@ -7,8 +7,8 @@ report by name. A resolved config resolves to itself, with no notices.
 
 import copy
 
-from engine.speculative.adaptive.tiers import middle_candidate
-from engine.speculative.candidate import Candidate, parse_candidate
+from eyas.engine.speculative.adaptive.tiers import middle_candidate
+from eyas.engine.speculative.candidate import Candidate, parse_candidate
 
 HOSTS = ("eagle", "eagle3", "hybrid")  # the algorithms whose drafter can draft as another one too
 

@@ -1,14 +1,14 @@
-"""Checks of the resolved config (a plain dict; see `engine.config.resolution`), changing nothing. Each
+"""Checks of the resolved config (a plain dict; see `eyas.engine.config.resolution`), changing nothing. Each
 error names the field and what is allowed."""
 
 import math
 
-from engine.errors import ConfigError
-from engine.graphs.settings import validate_graphs
-from engine.sampling_params import SamplingParams
-from engine.serve.chat_template import ChatTemplate
-from engine.speculative.candidate import OTHER_DRAFTERS, Candidate, parse_candidate
-from engine.speculative.tree import max_tree_nodes
+from eyas.engine.errors import ConfigError
+from eyas.engine.graphs.settings import validate_graphs
+from eyas.engine.sampling_params import SamplingParams
+from eyas.engine.chat_template import ChatTemplate
+from eyas.engine.speculative.candidate import OTHER_DRAFTERS, Candidate, parse_candidate
+from eyas.engine.speculative.tree import max_tree_nodes
 
 
 # the draft model each speculative algorithm loads (none: no draft model)

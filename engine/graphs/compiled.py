@@ -17,10 +17,10 @@ import weakref
 
 import torch
 
-from engine.graphs.graph_attention import GraphAttention, paged_kernel_runs
-from engine.graphs.graph_forward import graph_forward
-from engine.models.llama import RMSNorm
-from engine.models.rope import RotaryEmbedding
+from eyas.engine.graphs.graph_attention import GraphAttention, paged_kernel_runs
+from eyas.engine.graphs.graph_forward import graph_forward
+from eyas.engine.models.llama import RMSNorm
+from eyas.engine.models.rope import RotaryEmbedding
 
 log = logging.getLogger("eyas.graphs")
 _SERIAL = itertools.count()

@@ -25,14 +25,14 @@ from pathlib import Path
 
 import torch
 
-from engine.graphs.compiled import CompiledForward, prepare_model
-from engine.graphs.graph_attention import GraphAttention, paged_kernel_runs
-from engine.graphs.graph_forward import graph_forward
-from engine.graphs.tensor_places import NotExportable, standing_in, tensor_places
-from engine.models.fused_linear import FusedLinear
-from engine.models.blocked_weights import BlockedWeights
-from engine.models.onednn_weights import OneDnnWeights
-from kernels import cpu_ops
+from eyas.engine.graphs.compiled import CompiledForward, prepare_model
+from eyas.engine.graphs.graph_attention import GraphAttention, paged_kernel_runs
+from eyas.engine.graphs.graph_forward import graph_forward
+from eyas.engine.graphs.tensor_places import NotExportable, standing_in, tensor_places
+from eyas.engine.models.fused_linear import FusedLinear
+from eyas.engine.models.blocked_weights import BlockedWeights
+from eyas.engine.models.onednn_weights import OneDnnWeights
+from eyas.kernels import cpu_ops
 
 log = logging.getLogger("eyas.graphs")
 # (id(model), id(pool), capture layers, tree) -> its forward, while a runner holds it (it holds the model)

@@ -10,8 +10,8 @@ it, the compiler fusing the gathers and the mask into its own kernels (1.2x over
 import torch
 from torch.nn import functional as F
 
-from engine.cpu_ops import cpu_ops_error
-from kernels.cpu_attention import paged_attention
+from eyas.engine.cpu_ops import cpu_ops_error
+from eyas.kernels.cpu_attention import paged_attention
 
 
 def paged_kernel_runs(kv_pool) -> bool:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.graphs.graph_attention import GraphAttention
+from eyas.engine.graphs.graph_attention import GraphAttention
 
 
 @dataclass

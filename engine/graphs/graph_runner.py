@@ -9,10 +9,10 @@ runtime state and compiles nothing until a batch first runs through it.
 
 import torch
 
-from engine.forward_batch import ForwardBatch
-from engine.graphs.compiled import CompiledForward, compiled_forward
-from engine.graphs.exported import ExportedForward, exported_forward
-from engine.graphs.settings import GraphSettings
+from eyas.engine.forward_batch import ForwardBatch
+from eyas.engine.graphs.compiled import CompiledForward, compiled_forward
+from eyas.engine.graphs.exported import ExportedForward, exported_forward
+from eyas.engine.graphs.settings import GraphSettings
 
 
 class GraphRunner:

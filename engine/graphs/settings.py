@@ -13,7 +13,7 @@ on-disk cache, so a second start does not compile again.
 
 from dataclasses import dataclass
 
-from engine.errors import ConfigError
+from eyas.engine.errors import ConfigError
 
 MODES = ("auto", "aot", "compile", "eager")
 

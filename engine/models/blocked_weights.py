@@ -10,14 +10,14 @@ MKL over `transposed` weights at 1 row, 2.36x at 4, 1.90x at 8, 1.75x at 17, 1.3
 
 Each output is one FMA chain over the input features in order, so a row computes to the same bits in
 any batch: verify rows equal decode rows, and exact forwards need no row loop. The kernel is compiled
-for this CPU on first use with eyas's other C++ ops (`engine.cpu_ops`); where they cannot be built
+for this CPU on first use with eyas's other C++ ops (`eyas.engine.cpu_ops`); where they cannot be built
 the layout is unavailable and `auto` times the others.
 """
 
 import torch
 
-from engine.cpu_ops import cpu_ops_error
-from kernels import cpu_gemm
+from eyas.engine.cpu_ops import cpu_ops_error
+from eyas.kernels import cpu_gemm
 
 
 def blocked_available(dtype: torch.dtype, device: torch.device) -> bool:

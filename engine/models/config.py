@@ -12,7 +12,7 @@ from typing import Callable
 
 import torch
 
-from engine.errors import CheckpointError
+from eyas.engine.errors import CheckpointError
 
 
 @dataclass(frozen=True)

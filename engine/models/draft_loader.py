@@ -5,15 +5,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from engine.errors import CheckpointError
-from engine.models.config import LLAMA, ModelConfig, load_model_config, read_json
-from engine.models.eagle import EagleDraftModel
-from engine.models.eagle3 import Eagle3DraftModel
-from engine.models.llama import LlamaDecoderLayer, LlamaForCausalLM
-from engine.models.standalone_draft import load_standalone_draft
-from engine.models.loader import (assign_state, checkpoint_dir, meta_device, pack_for_inference, read_tensors,
+from eyas.engine.errors import CheckpointError
+from eyas.engine.models.config import LLAMA, ModelConfig, load_model_config, read_json
+from eyas.engine.models.eagle import EagleDraftModel
+from eyas.engine.models.eagle3 import Eagle3DraftModel
+from eyas.engine.models.llama import LlamaDecoderLayer, LlamaForCausalLM
+from eyas.engine.models.standalone_draft import load_standalone_draft
+from eyas.engine.models.loader import (assign_state, checkpoint_dir, meta_device, pack_for_inference, read_tensors,
                                   resolve_dtype)
-from engine.models.weight_formats import Quantization, check_quantization
+from eyas.engine.models.weight_formats import Quantization, check_quantization
 
 # heads are one Llama decoder layer whatever their target's family
 EAGLE3_ARCHITECTURES = {"LlamaForCausalLMEagle3": LLAMA}

@@ -8,10 +8,10 @@ predicts is the target's final, normed hidden state.
 import torch
 from torch import nn
 
-from engine.models.config import ModelConfig
-from engine.models.fused_linear import FusedLinear
-from engine.models.llama import LlamaDecoderLayer, layer_shapes
-from engine.models.rope import RotaryEmbedding
+from eyas.engine.models.config import ModelConfig
+from eyas.engine.models.fused_linear import FusedLinear
+from eyas.engine.models.llama import LlamaDecoderLayer, layer_shapes
+from eyas.engine.models.rope import RotaryEmbedding
 
 
 class EagleDraftModel(nn.Module):

@@ -10,10 +10,10 @@ midlayer's output before `norm`.
 import torch
 from torch import nn
 
-from engine.models.config import ModelConfig
-from engine.models.fused_linear import FusedLinear
-from engine.models.llama import LlamaAttention, LlamaMLP, RMSNorm, layer_shapes
-from engine.models.rope import RopeTables, RotaryEmbedding
+from eyas.engine.models.config import ModelConfig
+from eyas.engine.models.fused_linear import FusedLinear
+from eyas.engine.models.llama import LlamaAttention, LlamaMLP, RMSNorm, layer_shapes
+from eyas.engine.models.rope import RopeTables, RotaryEmbedding
 
 
 class Eagle3DecoderLayer(nn.Module):

@@ -30,12 +30,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from engine.errors import ConfigError
-from engine.models import layout_store
-from engine.cpu_ops import cpu_ops_error
-from engine.models.blocked_weights import BlockedWeights, blocked_available
-from engine.models.onednn_weights import OneDnnWeights, onednn_available
-from engine.models.weight_formats import Quantization, compressed_weights, fbgemm_available, fp16_fits
+from eyas.engine.errors import ConfigError
+from eyas.engine.models import layout_store
+from eyas.engine.cpu_ops import cpu_ops_error
+from eyas.engine.models.blocked_weights import BlockedWeights, blocked_available
+from eyas.engine.models.onednn_weights import OneDnnWeights, onednn_available
+from eyas.engine.models.weight_formats import Quantization, compressed_weights, fbgemm_available, fp16_fits
 
 LAYOUTS = ("transposed", "linear", "onednn", "blocked")
 _OWN_KERNEL = {"onednn": OneDnnWeights, "blocked": BlockedWeights}  # float layouts with a kernel of their own

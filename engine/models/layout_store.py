@@ -25,17 +25,14 @@ from pathlib import Path
 
 import torch
 
+from eyas.engine.cache_root import cache_root
+
 try:
     import fcntl
 except ImportError:  # no advisory locks here: concurrent first runs may each time a shape
     fcntl = None
 
 FILE_NAME = "weight_layouts.json"
-
-
-def cache_root() -> Path:
-    root = os.environ.get("EYAS_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache") / "eyas"
-    return Path(root).expanduser()
 
 
 def machine() -> str:

@@ -11,9 +11,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from engine.models.config import ModelConfig
-from engine.models.fused_linear import FusedLinear
-from engine.models.rope import RopeTables, RotaryEmbedding
+from eyas.engine.models.config import ModelConfig
+from eyas.engine.models.fused_linear import FusedLinear
+from eyas.engine.models.rope import RopeTables, RotaryEmbedding
 
 
 class RMSNorm(nn.Module):

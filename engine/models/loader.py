@@ -9,11 +9,11 @@ import torch
 from torch import nn
 from safetensors import SafetensorError, safe_open
 
-from engine.errors import CheckpointError
-from engine.models.config import DTYPES, ModelConfig, load_model_config, read_json
-from engine.models.fused_linear import choose_layouts
-from engine.models.llama import LlamaForCausalLM
-from engine.models.weight_formats import Quantization, check_int4_shapes, check_quantization
+from eyas.engine.errors import CheckpointError
+from eyas.engine.models.config import DTYPES, ModelConfig, load_model_config, read_json
+from eyas.engine.models.fused_linear import choose_layouts
+from eyas.engine.models.llama import LlamaForCausalLM
+from eyas.engine.models.weight_formats import Quantization, check_int4_shapes, check_quantization
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 

@@ -13,7 +13,7 @@ it as an input and call oneDNN through the op `eyas::onednn_linear` (`packed_ops
 
 import torch
 
-from engine.models.packed_ops import onednn_linear
+from eyas.engine.models.packed_ops import onednn_linear
 
 
 def onednn_available(dtype: torch.dtype, device: torch.device) -> bool:

@@ -5,7 +5,7 @@ import math
 import torch
 from torch import nn
 
-from engine.models.config import ModelConfig
+from eyas.engine.models.config import ModelConfig
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:

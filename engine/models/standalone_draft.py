@@ -10,9 +10,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from engine.errors import CheckpointError
-from engine.models.llama import LlamaForCausalLM
-from engine.models.loader import checkpoint_dir, load_model
+from eyas.engine.errors import CheckpointError
+from eyas.engine.models.llama import LlamaForCausalLM
+from eyas.engine.models.loader import checkpoint_dir, load_model
 
 
 class StandaloneDraftModel(nn.Module):

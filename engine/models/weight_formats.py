@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.errors import ConfigError
-from engine.models.packed_ops import register_packed
+from eyas.engine.errors import ConfigError
+from eyas.engine.models.packed_ops import register_packed
 
 SCHEMES = ("none", "int8", "int4")
 INT4_GROUP_SIZES = (32, 64, 128, 256)

@@ -1,14 +1,14 @@
-"""`python -m engine.report DIR [--no-charts]`: report.md and PNG charts for a run or multirun directory."""
+"""`python -m eyas.engine.report DIR [--no-charts]`: report.md and PNG charts for a run or multirun directory."""
 
 import argparse
 import sys
 
-from engine.errors import EyasError
-from engine.report.write import write_report
+from eyas.engine.errors import EyasError
+from eyas.engine.report.write import write_report
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine.report", description=__doc__.split(":", 1)[1].strip())
+    parser = argparse.ArgumentParser(prog="python -m eyas.engine.report", description=__doc__.split(":", 1)[1].strip())
     parser.add_argument("directory", help="a run or multirun directory (its runs' outputs.json are read)")
     parser.add_argument("--no-charts", action="store_true", help="write report.md only (no matplotlib needed)")
     args = parser.parse_args(argv)

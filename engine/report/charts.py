@@ -3,8 +3,8 @@
 import re
 from pathlib import Path
 
-from engine.report.figures import as_numbers, pyplot, save
-from engine.report.runs import Run
+from eyas.engine.report.figures import as_numbers, pyplot, save
+from eyas.engine.report.runs import Run
 
 
 def _label(run: Run, keys: list[str]) -> str:

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from engine.errors import ConfigError
+from eyas.engine.errors import ConfigError
 
 
 def pyplot():

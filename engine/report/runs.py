@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from engine.errors import ConfigError
+from eyas.engine.errors import ConfigError
 
 
 @dataclass

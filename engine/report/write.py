@@ -4,8 +4,8 @@ from pathlib import Path
 
 import yaml
 
-from engine.report.charts import acceptance_by_position, chart_name, metric_by_key
-from engine.report.runs import Run, collect_runs, swept_keys
+from eyas.engine.report.charts import acceptance_by_position, chart_name, metric_by_key
+from eyas.engine.report.runs import Run, collect_runs, swept_keys
 
 
 def _cell(value) -> str:

@@ -20,18 +20,18 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 
-from engine.errors import ConfigError
-from engine.outputs import RequestOutput
-from engine.sampling_params import SamplingParams
-from engine.serve.chat_template import ChatTemplate
-from engine.serve.detokenizer import IncrementalDetokenizer
-from engine.serve.loop import EngineLoop, Finished, QueueFull, Stream
-from engine.serve.metrics import ServerMetrics
-from engine.serve.protocol import (
+from eyas.engine.errors import ConfigError
+from eyas.engine.outputs import RequestOutput
+from eyas.engine.sampling_params import SamplingParams
+from eyas.engine.chat_template import ChatTemplate
+from eyas.engine.serve.detokenizer import IncrementalDetokenizer
+from eyas.engine.serve.loop import EngineLoop, Finished, QueueFull, Stream
+from eyas.engine.serve.metrics import ServerMetrics
+from eyas.engine.serve.protocol import (
     ChatCompletionRequest, CompletionRequest, RequestValidationError, chat_body, chat_choice, chat_chunk,
     chat_logprobs, completion_body, completion_choice, completion_logprobs, error_body, new_id, usage,
 )
-from engine.tokenizer import Tokenizer
+from eyas.engine.tokenizer import Tokenizer
 
 DISCONNECT_POLL_S = 0.2
 

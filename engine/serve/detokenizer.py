@@ -6,7 +6,7 @@ stops short of a trailing incomplete UTF-8 character (decoded as U+FFFD) and of 
 `len(longest stop string) - 1` characters, which could still turn out to start a stop string.
 """
 
-from engine.tokenizer import Tokenizer
+from eyas.engine.tokenizer import Tokenizer
 
 REPLACEMENT = "\ufffd"
 

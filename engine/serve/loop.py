@@ -17,10 +17,10 @@ import queue
 import threading
 from dataclasses import dataclass, field
 
-from engine.engine import Engine
-from engine.outputs import RequestOutput
-from engine.request import Request, Status
-from engine.sampling_params import SamplingParams
+from eyas.engine.engine import Engine
+from eyas.engine.outputs import RequestOutput
+from eyas.engine.request import Request, Status
+from eyas.engine.sampling_params import SamplingParams
 
 
 class QueueFull(RuntimeError):

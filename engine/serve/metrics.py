@@ -2,8 +2,8 @@
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from engine.outputs import RequestOutput
-from engine.serve.loop import EngineLoop
+from eyas.engine.outputs import RequestOutput
+from eyas.engine.serve.loop import EngineLoop
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 

@@ -1,7 +1,7 @@
 """DraftBackendFactory: the draft model's attention backends, built by name from the attention config."""
 
-from engine.attention.multi_step import MultiStepDraftBackend
-from engine.errors import ConfigError
+from eyas.engine.attention.multi_step import MultiStepDraftBackend
+from eyas.engine.errors import ConfigError
 
 ATTENTION_MODES = ("prefill", "decode")
 

@@ -9,9 +9,9 @@ overwritten by the next verify and never read before (attention reads below the 
 
 import torch
 
-from engine.cache.kv_pool import PagedKVPool
-from engine.request import Request
-from engine.speculative.verify import Verified
+from eyas.engine.cache.kv_pool import PagedKVPool
+from eyas.engine.request import Request
+from eyas.engine.speculative.verify import Verified
 
 
 def commit(requests: list[Request], verified: Verified, is_chain: bool, kv_pool: PagedKVPool,

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.keyed_random import ACCEPT_STREAM, DRAFT_STREAM, RESIDUAL_STREAM
-from engine.sampling import SamplingBatch, filtered_dense, filtered_sorted, inverse_cdf
+from eyas.engine.keyed_random import ACCEPT_STREAM, DRAFT_STREAM, RESIDUAL_STREAM
+from eyas.engine.sampling import SamplingBatch, filtered_dense, filtered_sorted, inverse_cdf
 
 
 @dataclass

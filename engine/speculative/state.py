@@ -11,11 +11,11 @@ costs no compile of its own.
 
 from dataclasses import dataclass
 
-from engine.attention.multi_step import MultiStepDraftBackend
-from engine.graphs.graph_runner import GraphRunner
-from engine.speculative.backend_factory import DraftBackendFactory
-from engine.speculative.candidate import Candidate
-from engine.speculative.verify_buffers import VerifyBuffers
+from eyas.engine.attention.multi_step import MultiStepDraftBackend
+from eyas.engine.graphs.graph_runner import GraphRunner
+from eyas.engine.speculative.backend_factory import DraftBackendFactory
+from eyas.engine.speculative.candidate import Candidate
+from eyas.engine.speculative.verify_buffers import VerifyBuffers
 
 
 @dataclass(frozen=True, eq=False)

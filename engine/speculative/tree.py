@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.speculative.rejection import DraftProbs
+from eyas.engine.speculative.rejection import DraftProbs
 
 UNFILLED = -1  # the token of a node nothing filled (a hole in a chain, padding in a tree): never accepted
 NO_PARENT = -1  # the root's parent

@@ -18,13 +18,13 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from engine import logprobs
-from engine.forward_batch import ForwardBatch, wants_exact
-from engine.request import Request
-from engine.runner import ForwardOutput, ModelRunner
-from engine.sampling import Sampler, SamplingBatch
-from engine.speculative import rejection
-from engine.speculative.tree import DraftTree
+from eyas.engine import logprobs
+from eyas.engine.forward_batch import ForwardBatch, wants_exact
+from eyas.engine.request import Request
+from eyas.engine.runner import ForwardOutput, ModelRunner
+from eyas.engine.sampling import Sampler, SamplingBatch
+from eyas.engine.speculative import rejection
+from eyas.engine.speculative.tree import DraftTree
 
 
 @dataclass
@@ -133,7 +133,7 @@ def walk_tree(tree: DraftTree, target_tokens: torch.Tensor, use_kernel: bool = F
     from the root, padded with -1). Request b emits target_tokens[b, path[b, i]] for i < accept_lens[b].
     `use_kernel`: walk with the Triton kernel (on CUDA, no host sync); the same result either way."""
     if use_kernel:
-        from kernels.verify_greedy import verify_greedy
+        from eyas.kernels.verify_greedy import verify_greedy
 
         b, n = tree.tokens.shape
         first_child, next_sibling = tree.sibling_links()

@@ -19,18 +19,18 @@ import time
 
 import torch
 
-from engine.forward_batch import ForwardBatch, wants_exact
-from engine.request import Request
-from engine.runner import ModelRunner
-from engine.sampling import Sampler, SamplingBatch
-from engine.shared_prefill import Siblings
-from engine.speculative.bindings import bind_runtime_state
-from engine.speculative.commit import commit
-from engine.speculative.drafters.base import Drafter
-from engine.speculative.metrics import SpecCounters
-from engine.speculative.phase_clock import CATCH_UP_PHASE, PhaseClock
-from engine.speculative.state import SpecRuntimeState
-from engine.speculative.verify import TargetVerifier, Verified
+from eyas.engine.forward_batch import ForwardBatch, wants_exact
+from eyas.engine.request import Request
+from eyas.engine.runner import ModelRunner
+from eyas.engine.sampling import Sampler, SamplingBatch
+from eyas.engine.shared_prefill import Siblings
+from eyas.engine.speculative.bindings import bind_runtime_state
+from eyas.engine.speculative.commit import commit
+from eyas.engine.speculative.drafters.base import Drafter
+from eyas.engine.spec_metrics import SpecCounters
+from eyas.engine.speculative.phase_clock import CATCH_UP_PHASE, PhaseClock
+from eyas.engine.speculative.state import SpecRuntimeState
+from eyas.engine.speculative.verify import TargetVerifier, Verified
 
 
 class SpeculativeWorker:

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-UNFILLED = -1  # as a draft tree's unfilled node (`engine.speculative.tree.UNFILLED`)
+UNFILLED = -1  # as a draft tree's unfilled node (`eyas.engine.speculative.tree.UNFILLED`)
 
 
 @dataclass

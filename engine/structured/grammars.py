@@ -10,7 +10,7 @@ import json
 import threading
 from collections import OrderedDict
 
-from engine.errors import ConfigError
+from eyas.engine.errors import ConfigError
 
 MAX_GRAMMARS = 256  # compiled grammars kept, the most recently used
 KINDS = ("json_schema", "json_object", "regex", "grammar")  # grammar: Lark syntax, as llguidance reads it
@@ -102,6 +102,6 @@ class GrammarCompiler:
 
     def matcher(self, spec, prefix: str = "sampling.structured_output"):
         """A fresh GrammarMatcher for one request (a copy of the compiled one)."""
-        from engine.structured.matcher import GrammarMatcher
+        from eyas.engine.structured.matcher import GrammarMatcher
 
         return GrammarMatcher(self.check(spec, prefix).deep_copy(), self.vocab_size)

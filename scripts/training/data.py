@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from engine.tokenizer import Tokenizer
+from eyas.engine.tokenizer import Tokenizer
 
 
 def token_stream(corpus_dir: Path, tokenizer_dir: Path, split: str, cache_dir: Path) -> torch.Tensor:

@@ -13,8 +13,8 @@ Counts per candidate are reported by step count for chains and by label for the 
 from collections import Counter
 from collections.abc import Callable
 
-from engine.speculative.adaptive.tiers import Tier, tier_index
-from engine.speculative.candidate import Candidate
+from eyas.engine.speculative.adaptive.tiers import Tier, tier_index
+from eyas.engine.speculative.candidate import Candidate
 
 
 class AdaptiveController:

@@ -15,7 +15,7 @@ that differ more from one to the next: each is averaged on its own (a `SettlingA
 for any chain k >= 1 on the line), the nearest one that was is scaled in proportion.
 """
 
-from engine.speculative.adaptive.settling_average import SettlingAverage
+from eyas.engine.speculative.adaptive.settling_average import SettlingAverage
 
 OUTLIER = 2.0
 LINE = "line"  # the family of chain step counts >= 1

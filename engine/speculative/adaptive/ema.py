@@ -7,7 +7,7 @@ probes the next candidate (with a fresh average).
 """
 
 
-from engine.speculative.candidate import Candidate
+from eyas.engine.speculative.candidate import Candidate
 
 
 class EmaPolicy:

@@ -7,7 +7,7 @@ anything larger).
 
 from dataclasses import dataclass
 
-from engine.speculative.candidate import Candidate, parse_candidate
+from eyas.engine.speculative.candidate import Candidate, parse_candidate
 
 
 @dataclass(frozen=True)

@@ -10,12 +10,12 @@ from typing import Protocol
 
 import torch
 
-from engine.request import Request
-from engine.runner import ForwardOutput
-from engine.sampling import SamplingBatch
-from engine.speculative.drafters.head import DraftHead
-from engine.speculative.tree import DraftTree
-from engine.speculative.verify import Verified
+from eyas.engine.request import Request
+from eyas.engine.runner import ForwardOutput
+from eyas.engine.sampling import SamplingBatch
+from eyas.engine.speculative.drafters.head import DraftHead
+from eyas.engine.speculative.tree import DraftTree
+from eyas.engine.speculative.verify import Verified
 
 
 class Drafter(Protocol):

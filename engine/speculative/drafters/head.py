@@ -12,14 +12,14 @@ Draft-extend runs on `runner.attn_backend`, which the runtime state binds to its
 
 import torch
 
-from engine.attention.multi_step import MultiStepDraftBackend
-from engine.forward_batch import ForwardBatch
-from engine.runner import ModelRunner
-from engine.sampling import Sampler, SamplingBatch
-from engine.speculative import rejection
-from engine.speculative.candidate import Candidate
-from engine.speculative.drafters.draft_state_buffers import DraftStateBuffers
-from engine.speculative.tree import DraftTree, select_tree
+from eyas.engine.attention.multi_step import MultiStepDraftBackend
+from eyas.engine.forward_batch import ForwardBatch
+from eyas.engine.runner import ModelRunner
+from eyas.engine.sampling import Sampler, SamplingBatch
+from eyas.engine.speculative import rejection
+from eyas.engine.speculative.candidate import Candidate
+from eyas.engine.speculative.drafters.draft_state_buffers import DraftStateBuffers
+from eyas.engine.speculative.tree import DraftTree, select_tree
 
 
 class DraftHead:

@@ -21,15 +21,15 @@ catches up before it next drafts, so any can take over at any cycle.
 
 import torch
 
-from engine.request import Request
-from engine.runner import ForwardOutput
-from engine.sampling import SamplingBatch
-from engine.speculative.candidate import Candidate
-from engine.speculative.drafters.eagle import EagleDrafter
-from engine.speculative.drafters.ngram import NgramDrafter
-from engine.speculative.drafters.suffix import SuffixDrafter
-from engine.speculative.tree import DraftTree, graft, max_tree_nodes, root_only
-from engine.speculative.verify import Verified
+from eyas.engine.request import Request
+from eyas.engine.runner import ForwardOutput
+from eyas.engine.sampling import SamplingBatch
+from eyas.engine.speculative.candidate import Candidate
+from eyas.engine.speculative.drafters.eagle import EagleDrafter
+from eyas.engine.speculative.drafters.ngram import NgramDrafter
+from eyas.engine.speculative.drafters.suffix import SuffixDrafter
+from eyas.engine.speculative.tree import DraftTree, graft, max_tree_nodes, root_only
+from eyas.engine.speculative.verify import Verified
 
 MODES = ("head", "ngram", "suffix", "hybrid")
 LOOKUP_MODES = ("ngram", "suffix")  # a lookup drafts alone, the head sits out

@@ -17,12 +17,12 @@ import time
 
 import torch
 
-from engine.request import Request
-from engine.runner import ForwardOutput
-from engine.sampling import SamplingBatch
-from engine.speculative.drafters.suffix_index import SuffixIndex
-from engine.speculative.tree import DraftTree, graft, root_only
-from engine.speculative.verify import Verified
+from eyas.engine.request import Request
+from eyas.engine.runner import ForwardOutput
+from eyas.engine.sampling import SamplingBatch
+from eyas.engine.speculative.drafters.suffix_index import SuffixIndex
+from eyas.engine.speculative.tree import DraftTree, graft, root_only
+from eyas.engine.speculative.verify import Verified
 
 
 class SuffixDrafter:

@@ -1,4 +1,4 @@
-"""`python -m engine.serve key=value ...` (and `eyas-serve`): the server's Hydra command line.
+"""`eyas-serve key=value ...` (and `python -m eyas.launch.serve`): the server's Hydra command line.
 
 It composes `conf/serve.yaml` (the engine's tree plus the `server` group), so every engine override
 works here too, builds the server container, and runs uvicorn until interrupted.
@@ -12,12 +12,12 @@ import hydra
 from omegaconf import DictConfig
 from rich.console import Console
 
-from containers.build import container_of
-from containers.server_container import ServerContainer
-from engine.config import prepare
-from engine.errors import EyasError
-from launch.compose import config_dir, register_resolvers, to_plain
-from launch.schema import register_schemas
+from eyas.containers.build import container_of
+from eyas.containers.server_container import ServerContainer
+from eyas.engine.config import prepare
+from eyas.engine.errors import EyasError
+from eyas.launch.compose import config_dir, register_resolvers, to_plain
+from eyas.launch.schema import register_schemas
 
 
 def serve(config: dict, console: Console | None = None) -> None:
@@ -33,7 +33,7 @@ def serve(config: dict, console: Console | None = None) -> None:
     settings = config["server"]
     http = uvicorn.Server(uvicorn.Config(app, host=settings["host"], port=settings["port"],
                                          log_level=settings["log_level"]))
-    # HTTP on a thread of its own; the engine loop on this one, which built the engine (see engine.serve.loop)
+    # HTTP on a thread of its own; the engine loop on this one, which built the engine (see eyas.engine.serve.loop)
     http_thread = threading.Thread(target=http.run, name="eyas-http", daemon=True)
 
     def shut_down(*_):
@@ -71,3 +71,7 @@ def hydra_main(cfg: DictConfig) -> None:
 
 def main() -> None:
     hydra_main()
+
+
+if __name__ == "__main__":
+    main()

@@ -8,7 +8,7 @@ assistant's turn (added to the request's own).
 
 from dataclasses import dataclass
 
-from engine.errors import ConfigError
+from eyas.engine.errors import ConfigError
 
 ROLES = ("system", "user", "assistant")
 

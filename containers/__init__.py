@@ -1,1 +1,0 @@
-"""dependency-injector containers: what gets built from the composed config."""

@@ -1,1 +1,0 @@
-"""Triton kernels, and a CPU GEMM in C++ built on first use, each behind a torch-facing wrapper."""
