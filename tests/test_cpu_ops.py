@@ -6,6 +6,8 @@ import stat
 import subprocess
 import sys
 
+import pytest
+
 from eyas.kernels import cpu_ops
 
 BUILD_AND_REPORT = """
@@ -25,6 +27,7 @@ def run(script: str, env: dict) -> list[str]:
     return done.stdout.splitlines()
 
 
+@pytest.mark.slow  # builds the C++ library again: about 20 s
 def test_a_library_that_cannot_be_loaded_is_built_again_readable_by_all(tmp_path):
     kernels = tmp_path / "kernels"
     kernels.mkdir()

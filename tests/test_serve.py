@@ -278,11 +278,12 @@ def test_full_queue_answers_503_and_api_key_is_required(tmp_path):
     assert server.proc.returncode == 0  # SIGTERM: a clean shutdown
 
 
-@pytest.mark.parametrize("override,message", [
+@pytest.mark.parametrize("override,message", [  # one server start each: the default run starts one
     ("server.port=70000", "server.port must be an integer in 1..65535"),
-    ("server.log_level=loud", "server.log_level must be one of"),
-    ("server.max_queue=0", "server.max_queue must be an integer >= 1"),
-    ("server.chat_template.user=hi", "server.chat_template.user must contain '{content}'"),
+    pytest.param("server.log_level=loud", "server.log_level must be one of", marks=pytest.mark.slow),
+    pytest.param("server.max_queue=0", "server.max_queue must be an integer >= 1", marks=pytest.mark.slow),
+    pytest.param("server.chat_template.user=hi", "server.chat_template.user must contain '{content}'",
+                 marks=pytest.mark.slow),
 ])
 def test_bad_server_config_is_a_clear_error(tmp_path, override, message):
     done = subprocess.run([sys.executable, "-m", "eyas.launch.serve", override], cwd=tmp_path, capture_output=True,

@@ -103,6 +103,7 @@ def assert_cli_run_equals_plain(algorithm: str, tmp_path) -> None:
     assert plain.returncode == 0 and len(texts) == 2 and texts[0] == texts[1]
 
 
+@pytest.mark.slow  # a process; the README's `python -m eyas speculative=ngram` runs by default
 def test_ngram_from_the_command_line_with_no_other_override(tmp_path):
     assert_cli_run_equals_plain("ngram", tmp_path)
 
@@ -153,6 +154,7 @@ def test_hybrid_runs_the_head_only_where_the_lookup_is_not_trusted(spec_pair, pl
     assert sat_out and not any(sat_out)
 
 
+@pytest.mark.slow  # the Triton interpreter
 def test_hybrid_on_triton_and_under_adaptive_control(spec_pair, plain_reference):
     target, heads = spec_pair
     params = [SamplingParams(max_new_tokens=10, ignore_eos=True)] * 3

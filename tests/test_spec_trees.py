@@ -38,6 +38,7 @@ def test_trees_with_one_token_pages_and_either_draft_sampling(spec_pair, plain_r
     assert [o.token_ids for o in outs] == plain_reference(target, PROMPTS_16, PARAMS_16)
 
 
+@pytest.mark.slow  # the Triton interpreter
 def test_trees_on_the_triton_backend_equal_plain(spec_pair, plain_reference):
     target, heads = spec_pair
     overrides = engine_overrides(target, "eagle", "attention=triton", head=heads["eagle"], num_steps=3, topk=2, nodes=6)

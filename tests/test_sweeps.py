@@ -32,10 +32,12 @@ def test_prompts_file_alone_replaces_the_default_prompt(gqa_checkpoint, tmp_path
     assert result["config"]["prompt"] is None
 
 
-@pytest.mark.parametrize("args,message", [
+@pytest.mark.parametrize("args,message", [  # a process each: the default run starts one
     (["prompt=null"], "nothing to generate: set `prompt=...` or `prompts_file=...`"),
-    (["prompt=hi", "prompts_file=p.txt"], "set at most one of `prompt` and `prompts_file`"),
-    (["objective=speed"], "objective 'speed' is not a metric a run returns; allowed: \\['tokens_per_s'"),
+    pytest.param(["prompt=hi", "prompts_file=p.txt"], "set at most one of `prompt` and `prompts_file`",
+                 marks=pytest.mark.slow),
+    pytest.param(["objective=speed"], "objective 'speed' is not a metric a run returns; allowed: \\['tokens_per_s'",
+                 marks=pytest.mark.slow),
 ])
 def test_prompt_and_objective_mistakes_exit_with_the_field_named(gqa_checkpoint, tmp_path, args, message):
     import re
