@@ -58,6 +58,7 @@ def test_the_op_checks_its_operands():
         torch.ops.eyas_cpu.blocked_linear(torch.randn(2, 8), packed, 24, None, torch.randn(3, 24))
 
 
+@pytest.mark.slow  # inductor's first compile in a process: about 20 s cold
 def test_a_compiled_graph_calls_the_op():
     weight, x = torch.randn(40, 24), torch.randn(5, 24)
     packed = cpu_gemm.pack(weight)

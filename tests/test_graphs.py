@@ -25,6 +25,7 @@ GREEDY = SamplingParams(max_new_tokens=12, ignore_eos=True)
 SAMPLED = SamplingParams(max_new_tokens=12, ignore_eos=True, temperature=0.8, top_p=0.9, seed=7)
 
 
+@pytest.mark.slow  # compiles the decode graphs; aot's are compiled by default
 @pytest.mark.parametrize("prompts", [PROMPTS[:1], PROMPTS], ids=["one", "ragged-batch"])
 def test_compiled_plain_decoding_equals_eager(gqa_checkpoint, plain_reference, prompts):
     params = [GREEDY if i % 2 == 0 else SAMPLED for i in range(len(prompts))]

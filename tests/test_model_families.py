@@ -107,6 +107,7 @@ def test_missing_qk_norm_is_named(checkpoint, tmp_path):
         load_model(path)
 
 
+@pytest.mark.slow  # trains a second pair of heads
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_heads_over_a_qwen3_target_are_lossless(qwen3_spec_pair, plain_reference, kind, page_size):
@@ -121,6 +122,7 @@ def test_heads_over_a_qwen3_target_are_lossless(qwen3_spec_pair, plain_reference
     assert metrics["mean_accept_length"] >= 1.5
 
 
+@pytest.mark.slow  # the same heads
 def test_seeded_sampling_over_a_qwen3_target_equals_plain(qwen3_spec_pair, plain_reference):
     target, heads = qwen3_spec_pair
     params = [SamplingParams(max_new_tokens=24, temperature=0.8, top_p=0.95, seed=100 + i, ignore_eos=True)

@@ -178,17 +178,19 @@ def run_segment(space: Workspace, words: list[str]) -> None:
     assert done.returncode == 0, f"{shlex.join(words)}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
 
 
-# Commands run under -m slow: variants of a kind the default run covers with another command (the
-# Drafters section's second commands, adaptive tiers, sweeps past the first, searches, launchers but
-# joblib, the extras' installs). A search's objective is checked by tests/test_sweeps.py by default.
-SLOW_COMMANDS = ("# chain, up to 5 tokens", "speculative.topk=", "speculative=standalone", "# k = 4, ngram_trust",
+# Commands run under -m slow: variants of a kind the default run covers with another command (drafters
+# past n-gram, trees, adaptive tiers, sweeps but joblib's, searches, the other launchers, the extras'
+# installs). tests/test_cli.py and tests/test_sweeps.py check sweeps, the adaptive policies and a search
+# by default.
+SLOW_COMMANDS = ("# the shipped EAGLE-1 head", "# the EAGLE-3 head and prompt lookup", "# suffix decoding:",
+                 "-m adaptive=off speculative.num_steps=1,3,5", "# chain, up to 5 tokens", "speculative.topk=", "speculative=standalone", "# k = 4, ngram_trust",
                  "adaptive.tiers=", "-m sampling.temperature=", "-m adaptive=off,ema,throughput", "experiment=",
                  "hydra/sweeper=", "hydra/launcher=ray", "hydra/launcher=slurm", "pip install '.[sweep]'",
                  "pip install '.[serve]'")
 
 
 def readme_command_params() -> list:
-    return [pytest.param(c, marks=pytest.mark.slow) if any(n in c for n in SLOW_COMMANDS) else c
+    return [pytest.param(c, marks=[pytest.mark.slow] if any(n in c for n in SLOW_COMMANDS) else [], id=c)
             for c in bash_commands()]
 
 

@@ -71,7 +71,7 @@ class PagedCase:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
-@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("page_size", [pytest.param(1, marks=pytest.mark.slow), 16])
 @pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [(4, 4, 16), (8, 2, 80)], ids=["mha16", "gqa80"])
 def test_mixed_then_decode_batches_match_torch_native(dtype, page_size, num_heads, num_kv_heads, head_dim):
     # a prefill, an extend over a prefix, a one-token extend inside an extend batch, a long prefix;
