@@ -17,8 +17,8 @@ from itertools import accumulate
 
 import torch
 
-from eyas.engine.errors import ConfigError
 from eyas.engine.attention.torch_native import TorchNativeBackend
+from eyas.engine.errors import ConfigError
 from eyas.engine.forward_batch import ForwardBatch
 
 _TRUE = ("1", "true", "on", "yes", "y")
