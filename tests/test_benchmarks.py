@@ -17,7 +17,7 @@ def run_script(name: str, *args: str) -> str:
     return done.stdout
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # eyas's peer rows, every system built: about 13 s
 def test_bench_peers_eyas_rows(tmp_path):
     out = run_script("bench_peers.py", "--systems", "eyas,eyas_spec,eyas_ngram,hf_lookup", "--batch-sizes", "1,2",
                      "--max-new-tokens", "6", "--num-prompts", "2", "--rounds", "1", "--out", str(tmp_path))
@@ -86,7 +86,7 @@ def test_bench_quant_times_every_format_and_reports_quality(tmp_path):
     assert abs(quality["int8"]["loss_vs_float32"]) < 0.02  # the shipped target keeps its loss in int8
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # every config twice: about 6 s
 def test_bench_sampled_runs_every_config_in_both_verify_modes(tmp_path):
     out = run_script("bench_sampled.py", "--batch-sizes", "2", "--configs", "k=2,ngram", "--num-prompts", "2",
                      "--max-new-tokens", "6", "--json", str(tmp_path / "sampled.json"))
@@ -138,7 +138,7 @@ def test_bench_spec_prints_each_phase_eager_and_graphed(tmp_path):
     assert any(line[:2] == ["2", "verify"] and line[-1].endswith("x") for line in lines), out
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # five engines at batch 16: about 5 s
 def test_check_reproducible_reports_every_config_identical():
     out = run_script("check_reproducible.py", "--batch-size", "3", "--max-new-tokens", "8")
     for name in ("plain", "default", "num_steps=5", "adaptive=throughput", "adaptive=ema"):
@@ -166,7 +166,7 @@ def test_bench_adaptive_charts_the_choices(tmp_path):
     assert (tmp_path / "adaptive.png").stat().st_size > 5000
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # waves of both workloads: about 8 s
 def test_bench_adaptive_alternates_code_and_prose_wave_by_wave(tmp_path):
     out = run_script("bench_adaptive.py", "--batch-sizes", "1", "--num-prompts", "4", "--max-new-tokens", "4",
                      "--alternate", "wave", "--json", str(tmp_path / "adaptive.json"))
@@ -205,7 +205,7 @@ def test_bench_serve_compares_both_servers(tmp_path):
     assert "| inf | eyas |" in out and plot.stat().st_size > 5000
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # grammars compiled per engine: about 8 s
 def test_bench_structured_compares_masked_and_unmasked_drafts(tmp_path):
     out = run_script("bench_structured.py", "--configs", "k=3", "--num-prompts", "2", "--json", str(tmp_path / "s.json"))
     rows = json.loads((tmp_path / "s.json").read_text())["batch 1"]

@@ -47,7 +47,7 @@ print(json.dumps({
 """
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # builds a wheel in a new environment: about 20 s (.ci/run runs it)
 def test_a_fresh_environment_imports_eyas_and_huggingface_kernels_side_by_side(tmp_path):
     """A non-editable install into a new virtual environment (the machine's packages visible beneath it,
     with transformers and Hugging Face's `kernels` among them), imported from the checkout's root and

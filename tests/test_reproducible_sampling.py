@@ -33,7 +33,7 @@ def test_plain_batch_of_16_equals_each_request_alone(spec_pair, plain_reference)
 
 
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
-@pytest.mark.parametrize("num_steps", [1, pytest.param(2, marks=pytest.mark.slow), 3,
+@pytest.mark.parametrize("num_steps", [1, pytest.param(2, marks=pytest.mark.slow), 3,  # 2, 4: -m slow
                                        pytest.param(4, marks=pytest.mark.slow), 5])
 def test_speculative_equals_plain_for_every_step_count(spec_pair, plain_reference, kind, num_steps):
     target, heads = spec_pair
