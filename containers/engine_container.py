@@ -53,6 +53,7 @@ class EngineContainer(containers.DeclarativeContainer):
         SpeculativeContainer, config=config, device=models.device, target_model=models.target_model,
         num_pages=cache.num_pages, req_to_token=req_to_token, verify_backend=target_attention_backend,
         sampler=sampler, graph_settings=graph_settings, target_pool=cache.target_pool,
+        target_checkpoint=models.checkpoint,
     )
     # the target captures the layers the draft head reads, told when it is built
     target_runner = Singleton(

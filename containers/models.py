@@ -4,6 +4,8 @@ from dependency_injector import containers, providers
 
 from eyas.containers import factories
 from eyas.containers.scope import BuildTrackingSingleton as Singleton
+from eyas.engine.chat_template import model_chat_template
+from eyas.engine.models.checkpoint_source import checkpoint_directory
 from eyas.engine.models.loader import load_model
 
 
@@ -11,10 +13,13 @@ class ModelContainer(containers.DeclarativeContainer):
     config = providers.Configuration()
 
     device = Singleton(factories.resolve_device, config.device, config.num_threads)
+    # model.path as a Hugging Face directory (a .gguf file's metadata directory for a GGUF file)
+    checkpoint = Singleton(checkpoint_directory, config.model.path)
     target_model = Singleton(
-        load_model, path=config.model.path, dtype=providers.Callable(factories.model_dtype, config.model.dtype),
+        load_model, path=checkpoint, dtype=providers.Callable(factories.model_dtype, config.model.dtype),
         device=device, weight_layout=config.model.weight_layout, quantization=config.model.quantization,
         quantization_group_size=config.model.quantization_group_size,
     )
-    tokenizer = Singleton(factories.load_tokenizer, config.model.path)
+    tokenizer = Singleton(factories.load_tokenizer, checkpoint)
+    chat_template = Singleton(model_chat_template, checkpoint)  # the checkpoint's own, or None
     eos_token_ids = Singleton(factories.eos_token_ids, target_model, tokenizer)

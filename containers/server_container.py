@@ -9,7 +9,7 @@ from eyas.containers.engine_container import EngineContainer
 from eyas.containers.scope import BuildTrackingSingleton as Singleton
 from eyas.engine.errors import ConfigError
 from eyas.engine.serve.app import create_app
-from eyas.engine.chat_template import ChatTemplate
+from eyas.engine.chat_template import ChatTemplate, ModelChatTemplate
 from eyas.engine.serve.loop import EngineLoop
 from eyas.engine.serve.metrics import ServerMetrics
 
@@ -18,8 +18,12 @@ def served_name(configured: str | None, model_path: str) -> str:
     return configured or Path(model_path).expanduser().resolve().name
 
 
-def chat_template(template: dict) -> ChatTemplate:
-    return ChatTemplate(**template)
+def chat_template(template: dict, model_template: ModelChatTemplate | None) -> ChatTemplate | ModelChatTemplate:
+    """The checkpoint's own template when it has one and `server.chat_template.from_model`, else the formats."""
+    formats = ChatTemplate(**template)
+    if model_template is not None and formats.from_model:
+        return model_template  # its turn ends at the end-of-turn token: the checkpoint's eos
+    return formats
 
 
 def metrics_of(loop: EngineLoop) -> ServerMetrics:
@@ -46,6 +50,7 @@ class ServerContainer(containers.DeclarativeContainer):
         vocab_size=providers.Callable(factories.vocab_size, engine_container.models.target_model),
         context_len=engine_container.cache.max_context_len,
         defaults=engine_container.default_sampling,
-        chat_template=providers.Callable(chat_template, config.server.chat_template),
+        chat_template=providers.Callable(chat_template, config.server.chat_template,
+                                         engine_container.models.chat_template),
         api_key=config.server.api_key, max_body_bytes=config.server.max_body_bytes,
     )

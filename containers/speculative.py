@@ -32,6 +32,7 @@ class SpeculativeContainer(containers.DeclarativeContainer):
     sampler = providers.Dependency()
     graph_settings = providers.Dependency()
     target_pool = providers.Dependency()
+    target_checkpoint = providers.Dependency()  # the target's Hugging Face directory
 
     # the candidate a runtime state is built for; adaptive speculation overrides it in a scope
     candidate = providers.Factory(
@@ -42,7 +43,7 @@ class SpeculativeContainer(containers.DeclarativeContainer):
     draft_model = Singleton(
         load_draft, path=config.draft.path, kind=config.draft.kind, target=target_model,
         dtype=config.draft.dtype, device=device, weight_layout=config.model.weight_layout,
-        target_path=config.model.path, quantization=config.draft.quantization,
+        target_path=target_checkpoint, quantization=config.draft.quantization,
         quantization_group_size=config.draft.quantization_group_size,
     )
     # the target layers whose input an EAGLE-3 head reads (none for other drafters)

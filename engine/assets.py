@@ -6,11 +6,13 @@ from eyas.engine.errors import ConfigError
 
 ASSETS_DIR = Path(__file__).resolve().parent / "assets"
 # name -> path under assets/
-SHIPPED = {"target": "target", "eagle": "eagle", "eagle3": "eagle3", "draft_lm": "draft_lm", "prompts": "prompts.txt"}
+SHIPPED = {"target": "target", "eagle": "eagle", "eagle3": "eagle3", "draft_lm": "draft_lm", "prompts": "prompts.txt",
+           "smollm2_eagle3": "smollm2-eagle3"}
 
 
 def asset_path(name: str) -> str:
-    """Path of a shipped asset: target (the code LM), eagle, eagle3 (its heads), draft_lm (directories);
+    """Path of a shipped asset: target (the code LM), eagle, eagle3 (its heads), draft_lm (directories),
+    smollm2_eagle3 (the EAGLE-3 head of SmolLM2-135M-Instruct);
     prompts (a file of code prompts, one per line, that the tuning experiment runs by default)."""
     if name not in SHIPPED:
         raise ConfigError(f"unknown shipped asset {name!r}; allowed: {list(SHIPPED)}")

@@ -57,6 +57,16 @@ def summary_line(metrics: dict) -> str:
     return " | ".join(parts)
 
 
+def as_chat(prompts: list[str], chat: bool | None, template, model_path: str) -> list[str]:
+    """Each prompt as a user message in the checkpoint's chat template (`chat`: null = when it has one)."""
+    if chat is False or (chat is None and template is None):
+        return prompts
+    if template is None:
+        raise ConfigError(f"chat=true: the checkpoint at model.path={model_path} has no chat template "
+                          f"(chat_template in tokenizer_config.json); set chat=false or null")
+    return [template.render([("user", p)]) for p in prompts]
+
+
 def run(config: dict, output_dir: str | Path | None = None, console: Console | None = None) -> dict:
     """Generate for the configured prompts (of a composed config, resolved here); print its notices,
     the completions and a summary; write outputs.json (with the resolved config)."""
@@ -66,6 +76,7 @@ def run(config: dict, output_dir: str | Path | None = None, console: Console | N
     container = container_of(config)
     for notice in notices:
         console.print(notice, markup=False, highlight=False, soft_wrap=True)
+    prompts = as_chat(prompts, config.get("chat"), container.models.chat_template(), config["model"]["path"])
     with container.engine() as engine:
         outputs = engine.generate(prompts, SamplingParams(**config["sampling"]))
         metrics = engine.metrics()

@@ -89,14 +89,24 @@ class AdaptivePolicy(str, Enum):
 
 
 @dataclass
+class ModelHeads:
+    """The drafts trained for the target: what each speculative algorithm's draft.path defaults to."""
+    eagle: Optional[str] = None
+    eagle3: Optional[str] = None
+    draft_lm: Optional[str] = None
+
+
+@dataclass
 class ModelConfig:
-    path: str = MISSING  # a Hugging Face Llama directory
+    path: str = MISSING  # a Hugging Face Llama-family directory, a .gguf file, or a catalog name (smollm2)
     dtype: DType = DType.auto  # auto = the checkpoint's torch_dtype
     # fused projections stored [in, out] (transposed, x @ W), [out, in] (linear), in oneDNN's blocked
     # layout (onednn) or in blocks of 16 output columns (blocked); auto: timed once per machine
     weight_layout: WeightLayout = WeightLayout.auto
     quantization: QuantizationScheme = QuantizationScheme.none  # the target's linear layers, stored at load
     quantization_group_size: int = 128  # int4: input features per scale and zero point (32, 64, 128, 256)
+    heads: ModelHeads = field(default_factory=ModelHeads)
+    example_prompt: Optional[str] = None  # the prompt a run generates for when none is set
 
 
 @dataclass
@@ -231,6 +241,7 @@ class ChatTemplateConfig:
     assistant: str = "Assistant: {content}\n"
     generation_prompt: str = "Assistant:"
     stop: list[str] = field(default_factory=lambda: ["\nUser:"])
+    from_model: bool = True  # the checkpoint's own chat template when it has one; false: the formats above
 
 
 @dataclass
@@ -260,6 +271,8 @@ class Config:
     seed: int = 0
     prompt: Optional[str] = None
     prompts_file: Optional[str] = None  # one prompt per line, or JSONL with a "prompt" field
+    # prompts as user messages in the checkpoint's chat template: null = when the checkpoint has one
+    chat: Optional[bool] = None
     objective: str = "tokens_per_s"  # the metric a run returns to a sweeper
     print_outputs: bool = True
     server: Optional[ServerConfig] = None  # python -m eyas.launch.serve (conf/serve.yaml) sets it

@@ -38,7 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from workloads import WORKLOADS, workload_prompts  # noqa: E402
+from workloads import CHAT_WORKLOADS, WORKLOADS, chat_prompts_for, workload_prompts  # noqa: E402
 
 from eyas import SamplingParams, build_engine  # noqa: E402
 from eyas.engine.models.fused_linear import FusedLinear  # noqa: E402
@@ -258,7 +258,8 @@ def main() -> None:
     p.add_argument("--trees", default="5:2:8,5:4:16,5:8:16,6:4:24",
                    help="EAGLE-2 tree shapes num_steps:topk:num_draft_tokens, comma-separated ('' for none)")
     p.add_argument("--num-prompts", type=int, default=20)
-    p.add_argument("--workload", default="stdlib", choices=WORKLOADS, help="the prompts (scripts/workloads.py)")
+    p.add_argument("--workload", default="stdlib", choices=WORKLOADS + CHAT_WORKLOADS,
+                   help="the prompts (scripts/workloads.py); chat: rendered with the model's chat template")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -273,8 +274,11 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     prompts = workload_prompts(args.workload, args.num_prompts)
+    chat = args.workload == "chat"  # a chat model's answer ends at its end-of-turn token
+    if chat:
+        prompts = chat_prompts_for(prompts, args.override)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                            seed=0, ignore_eos=True)
+                            seed=0, ignore_eos=not chat)
     shapes = [(int(k), 1, None) for k in args.ks.split(",")]
     shapes += [tuple(int(v) for v in shape.split(":")) for shape in filter(None, args.trees.split(","))]
     plain_tps, t_decode, floor_decode, plain_choice = plain(args, prompts, params)

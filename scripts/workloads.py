@@ -6,6 +6,9 @@
 - `docstring`: a function's signature and docstring from those packages, cut where the docstring
   closes: the model writes the body.
 - `prose`: English prose (`prompts/natural_language.txt`), text the shipped model drafts worst.
+- `chat`: user messages built from standard-library modules that `training/chat_prompts.py` holds out
+  of the chat models' distillation data (explain, write, review this code...), to be rendered with the
+  model's chat template (`chat_prompts_for`).
 - `repeated`: the requests repeat earlier ones' content, as an agent re-planning or a file edited
   again does: `package` prompts, each followed by `REPEATS` copies with a small edit (a renamed
   identifier, a comment line above), in that order. A drafter that remembers what earlier requests
@@ -24,6 +27,7 @@ from heldout import STARTS, _cut, _starts, heldout_prompts, round_robin
 
 PACKAGES = ("omegaconf", "hydra", "_pytest", "pluggy", "yaml", "antlr4")  # installed with eyas's core and tests
 WORKLOADS = ("stdlib", "package", "docstring", "prose", "repeated")
+CHAT_WORKLOADS = ("chat",)  # user messages: the script renders them with the model's chat template
 NATURAL_LANGUAGE = Path(__file__).resolve().parent / "prompts" / "natural_language.txt"
 REPEATS = 2  # edited copies after each original in `repeated`
 
@@ -88,9 +92,28 @@ def repeated_prompts(n: int, prompt_chars: int = 200) -> list[str]:
     return [p for original in originals for p in [original, *_edits(original)]][:n]
 
 
+def chat_messages(n: int) -> list[str]:
+    from training.chat_prompts import build_prompts
+
+    return build_prompts()["heldout"][:n]
+
+
+def chat_prompts_for(messages: list[str], overrides: list[str]) -> list[str]:
+    """Each message rendered as a user turn with the chat template of the model `overrides` configure."""
+    from eyas.engine.chat_template import model_chat_template
+    from eyas.engine.models.checkpoint_source import checkpoint_directory
+    from eyas.launch.compose import compose_config
+
+    path = compose_config(list(overrides))["model"]["path"]
+    template = model_chat_template(checkpoint_directory(path))
+    if template is None:
+        raise SystemExit(f"the chat workload needs a model with a chat template; model.path={path} has none")
+    return [template.render([("user", m)]) for m in messages]
+
+
 def workload_prompts(name: str, n: int) -> list[str]:
     makers = {"stdlib": heldout_prompts, "package": package_prompts, "docstring": docstring_prompts,
-              "prose": prose_prompts, "repeated": repeated_prompts}
+              "prose": prose_prompts, "repeated": repeated_prompts, "chat": chat_messages}
     if name not in makers:
-        raise ValueError(f"unknown workload {name!r}; allowed: {', '.join(WORKLOADS)}")
+        raise ValueError(f"unknown workload {name!r}; allowed: {', '.join(WORKLOADS + CHAT_WORKLOADS)}")
     return makers[name](n)

@@ -81,7 +81,13 @@ def validate(config: dict) -> None:
             f"when speculative.topk is 1, got {spec['num_draft_tokens']}"
         )
     if config["draft"]["kind"] != "none" and not config["draft"]["path"]:
-        raise ConfigError(f"draft.path is required for draft.kind={config['draft']['kind']!r}")
+        kind = config["draft"]["kind"]
+        heads = config["model"].get("heads") or {}
+        trained = [k for k, v in heads.items() if v]
+        raise ConfigError(f"draft.path is required for draft.kind={kind!r}: no such draft is trained for "
+                          f"model.path={config['model']['path']} (model.heads has {trained or 'none'}); set "
+                          f"draft.path to a head directory, or a speculative algorithm whose head the model has "
+                          f"or that needs none (ngram, suffix, none)")
 
     if config.get("prompt") is not None and config.get("prompts_file") is not None:
         raise ConfigError("set at most one of `prompt` and `prompts_file` (prompts_file alone replaces the default prompt)")

@@ -10,6 +10,7 @@ from torch import nn
 from safetensors import SafetensorError, safe_open
 
 from eyas.engine.errors import CheckpointError
+from eyas.engine.models.checkpoint_source import checkpoint_directory, gguf_source
 from eyas.engine.models.config import DTYPES, ModelConfig, load_model_config, read_json
 from eyas.engine.models.fused_linear import choose_layouts
 from eyas.engine.models.llama import LlamaForCausalLM
@@ -46,10 +47,7 @@ def _skip_init_where_asked() -> None:
 
 
 def checkpoint_dir(path: str | Path) -> Path:
-    directory = Path(path).expanduser()
-    if not directory.is_dir():
-        raise CheckpointError(f"checkpoint directory not found: {directory} (set model.path to a Hugging Face model directory)")
-    return directory
+    return checkpoint_directory(path)
 
 
 def safetensors_files(directory: Path, allow_bin: bool = False) -> list[Path]:
@@ -71,7 +69,13 @@ def safetensors_files(directory: Path, allow_bin: bool = False) -> list[Path]:
 
 
 def read_tensors(directory: Path, allow_bin: bool = False) -> dict[str, torch.Tensor]:
-    """All tensors of a checkpoint directory (`pytorch_model.bin` too when `allow_bin`: draft heads ship so)."""
+    """All tensors of a checkpoint directory (`pytorch_model.bin` too when `allow_bin`: draft heads ship so;
+    a GGUF file's metadata directory: the file's tensors, dequantized to float32)."""
+    source = gguf_source(directory)
+    if source is not None:
+        from eyas.engine.models.gguf_file import GGUFFile  # needs the optional `gguf` package
+
+        return GGUFFile(source).tensors()
     tensors = {}
     for file in safetensors_files(directory, allow_bin):
         if file.suffix == ".bin":

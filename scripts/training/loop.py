@@ -25,9 +25,18 @@ def train(model: torch.nn.Module, loss_fn: Callable[[torch.Generator], torch.Ten
     log = extra.get("log", [])
     columns = (TextColumn(f"[bold]{label}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), TimeRemainingColumn())
+    run_start = time.perf_counter()
+    time_limit = cfg.get("time_limit_s") if hasattr(cfg, "get") else None
     with Progress(*columns) as progress:
         task = progress.add_task(label, total=cfg.steps, completed=step, loss="-")
         while step < cfg.steps:
+            if time_limit and time.perf_counter() - run_start > time_limit:  # save and stop: a later run resumes
+                progress.console.print(f"time limit of {time_limit} s reached at step {step}; state saved")
+                if on_eval is not None:
+                    log.append({"step": step, "train_loss_ema": loss_ema, **on_eval(step)})
+                save_state(state_path, step, model, optimizer, generator,
+                           {"elapsed_s": elapsed, "loss_ema": loss_ema, "log": log})
+                break
             start = time.perf_counter()
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, cfg.lr, cfg.warmup, cfg.steps)
