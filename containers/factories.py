@@ -185,9 +185,10 @@ def batch_invariant_attention(setting: bool | None, backend: str, quantization: 
                               dtype: torch.dtype = torch.float32) -> bool:
     """`attention.batch_invariant`, resolved: null is on for a quantized or half-precision target, whose
     GEMMs are row-invariant but whose rounding of activations turns the last bit of a batched attention
-    into a different token on near ties; it needs the torch_native backend and eager forwards."""
+    into a different token on near ties (gguf_f32's GEMM keeps float32 activations: off, as for float32);
+    it needs the torch_native backend and eager forwards."""
     if setting is None:
-        reduced = quantization != "none" or dtype in (torch.bfloat16, torch.float16)
+        reduced = quantization not in ("none", "gguf_f32") or dtype in (torch.bfloat16, torch.float16)
         return reduced and backend == "torch_native" and graph_mode == "eager"
     if setting and backend != "torch_native":
         raise ConfigError(f"attention.batch_invariant=true needs attention.backend=torch_native, got {backend!r}")

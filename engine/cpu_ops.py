@@ -1,4 +1,4 @@
-"""Whether eyas's C++ CPU ops (`kernels/cpu_ops.py`: the blocked GEMM, paged attention) run here.
+"""Whether eyas's C++ CPU ops (`kernels/cpu_ops.py`: the blocked GEMMs, paged attention) run here.
 
 They are compiled for this CPU the first time a model could use them (about 18 s, kept in the cache
 root's `kernels/`, or in a private temporary directory where the cache root cannot be written). Where they cannot be

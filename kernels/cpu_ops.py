@@ -1,5 +1,5 @@
-"""eyas's C++ CPU ops (`cpu_gemm.cpp`, `cpu_attention.cpp`), one library built with the system's C++
-compiler on first use.
+"""eyas's C++ CPU ops (`cpu_gemm.cpp`, `cpu_quant_gemm.cpp`, `cpu_int8_dot_gemm.cpp`, `cpu_attention.cpp`), one
+library built with the system's C++ compiler on first use.
 
 The ops are registered from C++ (`torch.ops.eyas_cpu.*`), so a compiled graph (an AOTInductor package
 too) calls them without Python. `build(directory)` compiles them once per machine into `directory`
@@ -28,7 +28,9 @@ try:
 except ImportError:  # no advisory locks: two first runs may both compile (each writes its own file)
     fcntl = None
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("cpu_gemm.cpp", "cpu_attention.cpp"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("cpu_gemm.cpp", "cpu_quant_gemm.cpp", "cpu_int8_dot_gemm.cpp",
+                                                            "cpu_attention.cpp"))
+HEADERS = tuple(Path(__file__).with_name(name) for name in ("block_epilogue.h",))
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-std=c++20", "-w")
 
 
@@ -69,6 +71,8 @@ def build(directory: str | os.PathLike) -> Path:
                 except OSError as e:
                     raise BuildError(f"could not load {library}: {e}") from e
             torch.library.register_fake("eyas_cpu::blocked_linear")(_blocked_linear_shape)
+            torch.library.register_fake("eyas_cpu::quant_block_linear")(_quant_block_linear_shape)
+            torch.library.register_fake("eyas_cpu::int8_dot_linear")(_int8_dot_linear_shape)
             torch.library.register_fake("eyas_cpu::paged_attention")(_paged_attention_shape)
         _loaded = library
         return library
@@ -83,6 +87,14 @@ def _registered() -> bool:
 
 
 def _blocked_linear_shape(x, w, out_features, bias=None, residual=None):
+    return x.new_empty(x.shape[0], out_features)
+
+
+def _quant_block_linear_shape(x, codes, scales, offsets, out_features, bias=None, residual=None):
+    return x.new_empty(x.shape[0], out_features)
+
+
+def _int8_dot_linear_shape(x, codes, scales, offsets, bits, out_features, bias=None, residual=None):
     return x.new_empty(x.shape[0], out_features)
 
 
@@ -166,7 +178,7 @@ def _build_key() -> str:
     with contextlib.suppress(OSError, subprocess.SubprocessError, BuildError):
         version = " ".join(_compiler()) + subprocess.run([*_compiler(), "--version"], capture_output=True, text=True).stdout
     digest = hashlib.sha256()
-    for part in (*(s.read_bytes() for s in SOURCES), torch.__version__.encode(), " ".join(FLAGS).encode(), version.encode(),
+    for part in (*(s.read_bytes() for s in (*SOURCES, *HEADERS)), torch.__version__.encode(), " ".join(FLAGS).encode(), version.encode(),
                  _cpu_flags().encode(), platform.machine().encode(), sysconfig.get_platform().encode()):
         digest.update(part)
         digest.update(b"\0")

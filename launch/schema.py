@@ -37,6 +37,8 @@ class QuantizationScheme(str, Enum):
     none = "none"
     int8 = "int8"  # per-channel int8 weights, activations quantized per token (fbgemm)
     int4 = "int4"  # 4-bit weights in groups of quantization_group_size input features (aten int4pack)
+    gguf = "gguf"  # a GGUF file's own Q4_0 / Q4_1 / Q8_0 blocks, int8 activations as llama.cpp's (eyas's CPU kernel)
+    gguf_f32 = "gguf_f32"  # the same blocks with float32 activations: the dequantized model's logits, bit for bit
 
 
 class AttentionBackendName(str, Enum):

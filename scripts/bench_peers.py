@@ -1,8 +1,8 @@
-"""Greedy decoding throughput of eyas against CTranslate2 and transformers, with the shipped target.
+"""Greedy decoding throughput of eyas against llama.cpp, CTranslate2 and transformers on one target.
 
 Every system decodes the same held-out prompts (`--workload`: stdlib code by default, or package
 source, docstrings, prose, or requests that repeat earlier ones; scripts/workloads.py; token ids from the target's tokenizer),
-greedy, float32, exactly `--max-new-tokens` new tokens per prompt (eos ignored), on the CPU, in one
+greedy, exactly `--max-new-tokens` new tokens per prompt (eos ignored), on the CPU, in one
 process. For each batch size each system gets one untimed warmup batch, then `--rounds` waves; a
 wave is `--num-prompts` prompts rounded up to whole batches (at batch 1: that many prompts, one at a
 time), every system runs the same wave, and the order of the systems rotates from wave to wave so
@@ -12,6 +12,16 @@ waves, prefill included. Each system's greedy ids are compared with eyas plain's
     python scripts/bench_peers.py                                   # all systems, batch 1, 8, 32, 96 new tokens
     python scripts/bench_peers.py --systems ct2,hf,eyas --batch-sizes 1,8 --max-new-tokens 16 --num-prompts 2 --rounds 1
     python scripts/bench_peers.py --workload repeated --systems eyas,eyas_adaptive,fixed --batch-sizes 1 --num-prompts 8
+    python scripts/bench_peers.py --model smollm2 --workload chat --batch-sizes 1 --num-prompts 8 \
+        --systems llama_cpp,ct2,ct2_int8,hf,eyas,eyas_gguf_f32,eyas_dequant,eyas_adaptive
+
+`--model` names the target as `model=` does (tiny, the shipped pair, by default; smollm2: its GGUF file).
+On a GGUF target eyas runs the file's own blocks (`model.quantization=gguf`: int8 activations),
+eyas_gguf_f32 the same blocks with float32 activations and eyas_dequant the dequantized float32 model;
+llama_cpp is llama.cpp (llama-cpp-python) on the same file at its fastest thread count (timed at
+start), prompts one at a time (batch 1 only); CTranslate2 (ct2 float32, ct2_int8) and transformers run
+the dequantized checkpoint transformers builds from the file. The chat workload renders held-out user
+messages in the target's chat template.
 
 Systems (`--systems`, short names): ct2 (CTranslate2, converted here from the same checkpoint),
 hf (transformers `generate`), hf_lookup (prompt lookup, 10 tokens), hf_assisted (the shipped draft
@@ -46,22 +56,26 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_decode import agreement, eyas_generate, load_hf  # noqa: E402
-from workloads import WORKLOADS, workload_prompts  # noqa: E402
+from workloads import CHAT_WORKLOADS, WORKLOADS, chat_prompts_for, workload_prompts  # noqa: E402
 
 from eyas import build_engine  # noqa: E402
 from eyas.engine.assets import asset_path  # noqa: E402
+from eyas.engine.models.checkpoint_source import checkpoint_directory, gguf_source  # noqa: E402
+from eyas.launch.compose import compose_config  # noqa: E402
 from eyas.engine.report.figures import pyplot, save  # noqa: E402
 from eyas.engine.tokenizer import Tokenizer  # noqa: E402
 
-SYSTEMS = {"ct2": "ct2 plain", "hf": "transformers plain", "hf_lookup": "transformers prompt lookup",
+SYSTEMS = {"llama_cpp": "llama.cpp plain", "ct2": "ct2 plain", "ct2_int8": "ct2 int8", "hf": "transformers plain", "hf_lookup": "transformers prompt lookup",
            "hf_assisted": "transformers assisted", "eyas": "eyas plain", "eyas_spec": "eyas EAGLE-3 k=3",
            "eyas_adaptive": "eyas adaptive (default)", "eyas_ngram": "eyas n-gram", "eyas_standalone": "eyas standalone",
            "eyas_hybrid": "eyas hybrid", "eyas_tree": "eyas EAGLE-3 tree 5x4/16",
            "eyas_suffix": "eyas suffix", "eyas_hybrid_suffix": "eyas hybrid, suffix lookup",
            "eyas_graphs": "eyas plain, compiled", "eyas_adaptive_graphs": "eyas adaptive (default), compiled",
+           "eyas_dequant": "eyas plain, dequantized float32", "eyas_gguf_f32": "eyas plain, file blocks, f32 activations",
            "eyas_aot": "eyas plain, AOT-compiled", "eyas_adaptive_aot": "eyas adaptive (default), AOT-compiled",
            **{f"eyas_k{k}": f"eyas EAGLE-3 k={k}" for k in range(1, 7)}}
-BATCH1_ONLY = {"hf_lookup", "hf_assisted"}
+BATCH1_ONLY = {"hf_lookup", "hf_assisted", "llama_cpp"}
+GGUF_ONLY = {"llama_cpp", "eyas_dequant", "eyas_gguf_f32"}  # systems that read a GGUF file
 # every speculative row but the default's runs its configured step count (adaptive=off)
 EYAS_OVERRIDES = {"eyas": ["speculative=none", "draft=none"], "eyas_spec": ["adaptive=off"],
                   "eyas_adaptive": [], "eyas_ngram": ["speculative=ngram", "adaptive=off"],
@@ -73,6 +87,8 @@ EYAS_OVERRIDES = {"eyas": ["speculative=none", "draft=none"], "eyas_spec": ["ada
                   "eyas_hybrid_suffix": ["speculative=hybrid", "speculative.hybrid_lookup=suffix", "adaptive=off"],
                   "eyas_graphs": ["speculative=none", "draft=none", "graphs.mode=compile"],
                   "eyas_adaptive_graphs": ["graphs.mode=compile"],
+                  "eyas_dequant": ["speculative=none", "draft=none", "model.quantization=none"],
+                  "eyas_gguf_f32": ["speculative=none", "draft=none", "model.quantization=gguf_f32"],
                   "eyas_aot": ["speculative=none", "draft=none", "graphs.mode=aot"],
                   "eyas_adaptive_aot": ["graphs.mode=aot"],
                   **{f"eyas_k{k}": ["adaptive=off", f"speculative.num_steps={k}"] for k in range(1, 7)}}
@@ -88,13 +104,16 @@ def parse_args() -> argparse.Namespace:
                    help=f"comma-separated subset of {','.join(SYSTEMS)}; 'fixed' adds {','.join(FIXED)}")
     p.add_argument("--eyas", action="append", default=[], metavar="NAME=OVERRIDES",
                    help="another eyas system: a name and its config overrides, space-separated (repeatable)")
-    p.add_argument("--workload", default="stdlib", choices=WORKLOADS, help="the prompts (scripts/workloads.py)")
+    p.add_argument("--model", default="tiny", help="the target, as model= names it (conf/model: tiny, smollm2)")
+    p.add_argument("--workload", default="stdlib", choices=WORKLOADS + CHAT_WORKLOADS,
+                   help="the prompts (scripts/workloads.py); chat: rendered with the target's chat template")
     p.add_argument("--batch-sizes", default="1,8,32")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--num-prompts", type=int, default=4, help="prompts per wave, rounded up to whole batches")
     p.add_argument("--rounds", type=int, default=2, help="timed waves per batch size")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--ct2-threads", type=int, default=0, help="ct2 intra_threads (0: the fastest, timed at start)")
+    p.add_argument("--llama-threads", type=int, default=0, help="llama.cpp threads (0: the fastest, timed at start)")
     p.add_argument("--out", type=Path, default=Path("bench_peers_out"), help="where bench_peers.{json,png} go")
     args = p.parse_args()
     named = [s.strip() for s in args.systems.split(",") if s.strip()]
@@ -188,18 +207,77 @@ class EyasRunner:
         return eyas_generate(self.engine, prompts, self.max_new_tokens)
 
 
+def dequantized_checkpoint(directory: Path, out: str) -> str:
+    """A GGUF target as the float32 Hugging Face checkpoint transformers builds from the file (written to `out`),
+    which CTranslate2 and transformers read; any other target's own directory."""
+    source = gguf_source(directory)
+    if source is None:
+        return str(directory)
+    optional("transformers")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(directory), gguf_file=str(source), dtype=torch.float32)
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(str(directory)).save_pretrained(out)
+    return out
+
+
+def load_llama_cpp(path: Path, threads: int, probe: list[int]):
+    """llama.cpp on the GGUF file at its fastest thread count: `threads`, or when 0 the faster of 1 .. cpu count
+    timed here on `probe`. Returns (generate(prompts, n), threads)."""
+    llama_cpp = optional("llama_cpp")
+
+    def make(t: int):
+        llm = llama_cpp.Llama(model_path=str(path), n_threads=t, n_threads_batch=t, n_ctx=2048, verbose=False)
+
+        def generate(prompts: list[list[int]], n: int) -> list[list[int]]:
+            rows = []
+            for prompt in prompts:  # one at a time: llama-cpp-python decodes one sequence
+                row = []
+                for token in llm.generate(prompt, top_k=1, temp=0.0, reset=True):  # greedy; eos does not stop it
+                    row.append(int(token))
+                    if len(row) == n:
+                        break
+                rows.append(row)
+            return rows
+        return generate
+
+    if threads:
+        return make(threads), threads
+    timings = {}
+    for t in range(1, (os.cpu_count() or 1) + 1):
+        generate = make(t)
+        generate([probe], 8)  # warmup
+        start = time.perf_counter()
+        generate([probe], 48)
+        timings[t] = (time.perf_counter() - start, generate)
+    best = min(timings, key=lambda t: timings[t][0])
+    print("llama.cpp threads probe (s for 48 tokens): " + ", ".join(f"{t}: {v[0]:.3f}" for t, v in timings.items())
+          + f" -> {best}")
+    return timings[best][1], best
+
+
 def make_runners(args, pool: list[list[int]], tmp: str) -> tuple[dict, list]:
     # name -> fn(batch of token-id prompts) -> generated ids; plus the engines to close at the end
-    target, n, runners, engines = asset_path("target"), args.max_new_tokens, {}, []
-    if "ct2" in args.systems:
-        generator, vocab, args.ct2_threads = load_ct2(target, os.path.join(tmp, "ct2"), args.ct2_threads, pool[0])
-        runners["ct2"] = lambda ps: ct2_generate(generator, vocab, ps, n)
+    target, n, runners, engines = args.target_dir, args.max_new_tokens, {}, []
+    if {"ct2", "ct2_int8", "hf", "hf_lookup", "hf_assisted"} & set(args.systems):
+        target = dequantized_checkpoint(args.target_dir, os.path.join(tmp, "hf"))
+    if "llama_cpp" in args.systems:
+        llama_generate, args.llama_threads = load_llama_cpp(gguf_source(args.target_dir), args.llama_threads, pool[0])
+        runners["llama_cpp"] = lambda ps: llama_generate(ps, n)
+    for name, compute_type in (("ct2", "float32"), ("ct2_int8", "int8")):
+        if name in args.systems:
+            generator, vocab, threads = load_ct2(target, os.path.join(tmp, name), args.ct2_threads, pool[0], compute_type)
+            runners[name] = lambda ps, generator=generator, vocab=vocab: ct2_generate(generator, vocab, ps, n)
+            print(f"{name} intra_threads {threads}")
     if {"hf", "hf_lookup", "hf_assisted"} & set(args.systems):
         optional("transformers")
         hf = load_hf(target, "cpu")
         runners["hf"] = lambda ps: hf_generate(hf, ps, n)
         runners["hf_lookup"] = lambda ps: hf_generate(hf, ps, n, prompt_lookup_num_tokens=10)
         if "hf_assisted" in args.systems:
+            if args.model != "tiny":
+                sys.exit("hf_assisted drafts with the shipped draft LM, which only --model tiny has")
             assistant = load_hf(asset_path("draft_lm"), "cpu")
             runners["hf_assisted"] = lambda ps: hf_generate(hf, ps, n, assistant_model=assistant)
     # size the pool and admission limits so a whole batch is admitted in its first step
@@ -208,7 +286,8 @@ def make_runners(args, pool: list[list[int]], tmp: str) -> tuple[dict, list]:
              f"cache.max_total_tokens={batch * (longest + n + 48)}"]  # + 48: page rounding, draft lookahead
     for name in EYAS_OVERRIDES:
         if name in args.systems:
-            eng = build_engine(overrides=["device=cpu", "model.dtype=float32", *EYAS_OVERRIDES[name], *cache])
+            eng = build_engine(overrides=[f"model={args.model}", "device=cpu", "model.dtype=float32",
+                                          *EYAS_OVERRIDES[name], *cache])
             engines.append(eng)
             runners[name] = EyasRunner(eng, n)
     return {s: runners[s] for s in args.systems}, engines
@@ -252,9 +331,14 @@ def bench_batch(runners: dict, waves: list, n: int) -> dict:
     return {s: (len(outs[s]) * n / seconds[s], outs[s]) for s in names}
 
 
+def baseline(systems: list[str]) -> str | None:
+    """The system ratios are taken to: llama.cpp, else CTranslate2, else eyas plain (the first that ran)."""
+    return next((s for s in ("llama_cpp", "ct2", "eyas") if s in systems), None)
+
+
 def summarize(args, results: dict) -> list[dict]:
-    # one dict per (batch, system); ratio to ct2 plain when it ran, else to eyas plain
-    base = "ct2" if "ct2" in args.systems else "eyas" if "eyas" in args.systems else None
+    # one dict per (batch, system); ratio to the baseline system
+    base = baseline(args.systems)
     rows = []
     for b, res in results.items():
         ref = res.get("eyas", (None, None))[1]
@@ -265,7 +349,7 @@ def summarize(args, results: dict) -> list[dict]:
                 continue
             tps, out = res[s]
             equal = "n/a" if ref is None else "reference" if s == "eyas" else agreement(out, ref)
-            rows.append(dict(batch=b, system=SYSTEMS[s], tok_s=tps, ratio=tps / res[base][0] if base else None,
+            rows.append(dict(batch=b, system=SYSTEMS[s], tok_s=tps, ratio=tps / res[base][0] if base in res else None,
                              baseline=SYSTEMS[base] if base else None, equal=equal))
     return rows
 
@@ -314,7 +398,7 @@ def plot(rows: list[dict], base: str, path: Path) -> None:
     ax_tps.set_ylim(bottom=min(r["tok_s"] for r in rows if r["tok_s"]) / 2)
     ax_ratio.axhline(1.0, color="black", linewidth=0.8)
     fig.legend(loc="lower center", ncol=len(systems), fontsize=8, frameon=False)
-    fig.suptitle("greedy decoding, float32, CPU: measured in one run on one machine", fontsize=10)
+    fig.suptitle("greedy decoding, CPU: measured in one run on one machine", fontsize=10)
     save(fig, path, rect=(0, 0.08, 1, 1))
 
 
@@ -323,21 +407,29 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     n = args.max_new_tokens
-    tok = Tokenizer.from_dir(asset_path("target"))
+    args.target_dir = checkpoint_directory(compose_config([f"model={args.model}"])["model"]["path"])
+    without_file = GGUF_ONLY & set(args.systems) if gguf_source(args.target_dir) is None else set()
+    if without_file:
+        sys.exit(f"{', '.join(sorted(without_file))} read a GGUF file; --model {args.model} is not one")
+    tok = Tokenizer.from_dir(args.target_dir)
     per_wave = max(b * math.ceil(args.num_prompts / b) for b in args.batch_sizes)
     # each batch size gets prompts of its own: engines persist across batch sizes, and suffix decoding would
     # otherwise draft a later batch size's outputs from an earlier one's
     block = per_wave * (args.rounds + 1)
     try:
         texts = workload_prompts(args.workload, block * len(args.batch_sizes))
+        if len(texts) < block * len(args.batch_sizes):
+            raise RuntimeError("too few prompts")
         blocks = [texts[i * block:(i + 1) * block] for i in range(len(args.batch_sizes))]
     except RuntimeError:
         texts = workload_prompts(args.workload, block)
         blocks = [texts] * len(args.batch_sizes)
         print(f"workload {args.workload}: too few prompts for a set per batch size; every batch size runs the same "
               "ones (suffix decoding sees them again)")
+    if args.workload in CHAT_WORKLOADS:
+        blocks = [chat_prompts_for(block_texts, [f"model={args.model}"]) for block_texts in blocks]
     pools = {b: [tok.encode(t) for t in block_texts] for b, block_texts in zip(args.batch_sizes, blocks)}
-    print(f"workload {args.workload}; threads: torch {torch.get_num_threads()}; float32, greedy, "
+    print(f"model {args.model}; workload {args.workload}; threads: torch {torch.get_num_threads()}; greedy, "
           f"{n} new tokens per prompt (eos ignored); {args.rounds} timed waves of {args.num_prompts}+ prompts "
           f"per batch size after one warmup batch")
     load = os.getloadavg() if hasattr(os, "getloadavg") else None  # other work skews the systems, not always alike
@@ -346,8 +438,6 @@ def main() -> None:
     results = {}
     with tempfile.TemporaryDirectory(prefix="bench_peers_") as tmp:
         runners, engines = make_runners(args, [p for b in args.batch_sizes for p in pools[b]], tmp)
-        if "ct2" in args.systems:
-            print(f"ct2 intra_threads {args.ct2_threads}")
         try:
             for b in args.batch_sizes:
                 active = {s: fn for s, fn in runners.items() if b == 1 or s not in BATCH1_ONLY}
@@ -367,7 +457,7 @@ def main() -> None:
         finally:
             for eng in engines:
                 eng.close()
-    base = "ct2 plain" if "ct2" in args.systems else "eyas plain" if "eyas" in args.systems else "-"
+    base = SYSTEMS[baseline(args.systems)] if baseline(args.systems) else "-"
     rows = summarize(args, results)
     print("\nRatios were measured in this run, on this machine; they do not transfer to other hardware.")
     print_tables(rows, base)
@@ -381,7 +471,8 @@ def main() -> None:
     for r in pairs:
         print(f"batch {r['batch']}: {r['system']} / {r['peer']} = {r['ratio']:.2f}x tok/s")
     args.out.mkdir(parents=True, exist_ok=True)
-    meta = dict(threads=torch.get_num_threads(), ct2_threads=args.ct2_threads, max_new_tokens=n, rounds=args.rounds, num_prompts=args.num_prompts,
+    meta = dict(model=args.model, workload=args.workload, threads=torch.get_num_threads(), ct2_threads=args.ct2_threads,
+                llama_threads=args.llama_threads, max_new_tokens=n, rounds=args.rounds, num_prompts=args.num_prompts,
                 batch_sizes=args.batch_sizes, load_average_at_start=load)
     (args.out / "bench_peers.json").write_text(json.dumps({**meta, "rows": rows, "peer_ratios": pairs}, indent=2))
     if importlib.util.find_spec("matplotlib") is None:

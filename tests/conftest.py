@@ -218,10 +218,11 @@ def plain_reference() -> PlainReference:
     return PlainReference()
 
 
-def random_requests_match_plain(target, overrides: list[str], count: int, seed: int, vocab: int = 320) -> None:
+def random_requests_match_plain(target, overrides: list[str], count: int, seed: int, vocab: int = 320,
+                                plain: tuple[str, ...] = ()) -> None:
     """`count` random requests (prompts, lengths, greedy or seeded sampling) through an engine built
     from `overrides`: every KV page and table entry is free afterwards, and every output equals plain
-    decoding's."""
+    decoding's (with the overrides `plain`)."""
     rng = random.Random(seed)
     prompts = [[0] + [rng.randrange(2, vocab) for _ in range(rng.randrange(1, 40))] for _ in range(count)]
     params = [SamplingParams(max_new_tokens=rng.randrange(1, 24), temperature=rng.choice([0.0, 0.8]), seed=i,
@@ -230,4 +231,4 @@ def random_requests_match_plain(target, overrides: list[str], count: int, seed: 
         outs = eng.generate(prompt_token_ids=prompts, sampling=params)
         kv = eng.scheduler.kv
         assert kv.all_free() and (kv.table.table == -1).all()
-    assert [o.token_ids for o in outs] == [o.token_ids for o in run_plain(target, prompts, params)]
+    assert [o.token_ids for o in outs] == [o.token_ids for o in run_plain(target, prompts, params, *plain)]

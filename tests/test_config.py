@@ -34,6 +34,8 @@ def overrides_for(group: str, option: str, checkpoint) -> list[str]:
         return [f"draft={kind}", f"speculative={kind}"]
     if group == "adaptive":  # adaptive speculation needs a draft head: the shipped pair
         return [f"adaptive={option}"]
+    if group == "model":  # a directory stands in for the option's own checkpoint (not fetched here): unquantized
+        return [*PLAIN, f"model={option}", f"model.path={checkpoint}", "model.quantization=none"]
     return [*PLAIN, f"model.path={checkpoint}", f"{group}={option}"]
 
 

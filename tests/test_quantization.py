@@ -188,16 +188,17 @@ def test_a_bf16_weight_beyond_float16s_range_keeps_the_dense_kernel():
 
 def test_check_quantization_names_the_field_and_the_allowed_values():
     cpu = torch.device("cpu")
-    assert SCHEMES == ("none", "int8", "int4") and INT4_GROUP_SIZES == (32, 64, 128, 256)
+    assert SCHEMES == ("none", "int8", "int4", "gguf", "gguf_f32") and INT4_GROUP_SIZES == (32, 64, 128, 256)
     for scheme in SCHEMES:
         check_quantization(scheme, 128, cpu, "model")
     check_quantization("int8", 48, cpu, "model")  # the group size is int4's alone
     check_quantization("none", 48, torch.device("cuda"), "model")  # nothing to run: any device
-    with pytest.raises(ConfigError, match=r"draft\.quantization must be one of \['none', 'int8', 'int4'\], got 'int5'"):
+    with pytest.raises(ConfigError, match=r"draft\.quantization must be one of \['none', 'int8', 'int4', 'gguf', "
+                                          r"'gguf_f32'\], got 'int5'"):
         check_quantization("int5", 128, cpu, "draft")
     with pytest.raises(ConfigError, match=r"model\.quantization_group_size must be one of \[32, 64, 128, 256\]"):
         check_quantization("int4", 48, cpu, "model")
-    for scheme in ("int8", "int4"):
+    for scheme in ("int8", "int4", "gguf", "gguf_f32"):
         with pytest.raises(ConfigError, match=rf"model\.quantization={scheme} runs on CPU only"):
             check_quantization(scheme, 128, torch.device("cuda"), "model")
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from eyas.engine.errors import CheckpointError
+from eyas.engine.errors import CheckpointError, ConfigError
 from eyas.engine.models.config import LLAMA, ModelConfig, load_model_config, read_json
 from eyas.engine.models.eagle import EagleDraftModel
 from eyas.engine.models.eagle3 import Eagle3DraftModel
@@ -13,7 +13,7 @@ from eyas.engine.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 from eyas.engine.models.standalone_draft import load_standalone_draft
 from eyas.engine.models.loader import (assign_state, checkpoint_dir, meta_device, pack_for_inference, read_tensors,
                                   resolve_dtype)
-from eyas.engine.models.weight_formats import Quantization, check_quantization
+from eyas.engine.models.weight_formats import GGUF_SCHEMES, Quantization, check_quantization
 
 # heads are one Llama decoder layer whatever their target's family
 EAGLE3_ARCHITECTURES = {"LlamaForCausalLMEagle3": LLAMA}
@@ -82,6 +82,9 @@ def load_draft(path: str | Path, kind: str, target: LlamaForCausalLM, dtype: str
     if kind not in DRAFT_KINDS:
         raise CheckpointError(f"draft.kind {kind!r} is not a draft model; allowed: {list(DRAFT_KINDS)}")
     check_quantization(quantization, quantization_group_size, torch.device(device), "draft")
+    if quantization in GGUF_SCHEMES and kind != "lm":
+        raise ConfigError(f"draft.quantization={quantization} keeps a GGUF file's quantized blocks; an {kind} head is "
+                          f"not a GGUF file: set draft.quantization to one of none, int8, int4")
     if kind == "lm":
         return load_standalone_draft(path, target, dtype, device, weight_layout, target_path, quantization,
                                      quantization_group_size)

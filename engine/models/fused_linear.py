@@ -11,7 +11,8 @@ bias is added); `"linear"` keeps [out, in] and runs `F.linear`; `"onednn"` (floa
 oneDNN's blocked layout and runs oneDNN's GEMM (`onednn_weights`); `"blocked"` (float32 on CPU) keeps it
 in blocks of 16 output columns for eyas's own small-batch GEMM (`blocked_weights`). `measure_layout` times them for a
 weight shape at a few row counts and returns the fastest. A compressed format (`"fp16"`, or a
-`Quantization`: see `weight_formats`) stores the fused weight in fewer bytes with its own kernel. With
+`Quantization`: see `weight_formats`; `gguf`, `gguf_f32`: a GGUF file's own blocks, `gguf_block_weights`) stores the fused
+weight in fewer bytes with its own kernel. With
 a kernel of its own (`onednn`, `blocked` or compressed) the members' float weights are released (left as meta
 tensors that keep their shape and dtype).
 
@@ -34,8 +35,10 @@ from eyas.engine.errors import ConfigError
 from eyas.engine.models import layout_store
 from eyas.engine.cpu_ops import cpu_ops_error
 from eyas.engine.models.blocked_weights import BlockedWeights, blocked_available
+from eyas.engine.models.gguf_block_weights import GgufBlockWeights, take_blocks
 from eyas.engine.models.onednn_weights import OneDnnWeights, onednn_available
-from eyas.engine.models.weight_formats import Quantization, compressed_weights, fbgemm_available, fp16_fits
+from eyas.engine.models.weight_formats import (GGUF_SCHEMES, Quantization, compressed_weights, fbgemm_available,
+                                               fp16_fits)
 
 LAYOUTS = ("transposed", "linear", "onednn", "blocked")
 _OWN_KERNEL = {"onednn": OneDnnWeights, "blocked": BlockedWeights}  # float layouts with a kernel of their own
@@ -70,6 +73,11 @@ class FusedLinear:
         """Fuse the member weights into one tensor in `layout`; the members' parameters become views of it.
         A layout with its own kernel (onednn, blocked, compressed) keeps its own copy and releases the members'
         weights unless `release` is false (a tied lm_head's weight is the embedding's)."""
+        if isinstance(layout, Quantization) and layout.scheme in GGUF_SCHEMES:
+            blocks = take_blocks(self.linears, int8_activations=layout.scheme == "gguf")
+            if blocks is None:  # not stored in blocks the kernel reads: dequantized, in the float layout
+                return self.pack(layout.fallback, release)
+            return self._pack_with_kernel(layout, release, blocks)
         if isinstance(layout, Quantization) or layout == "fp16" or layout in _OWN_KERNEL:
             return self._pack_with_kernel(layout, release)
         if layout not in LAYOUTS:
@@ -94,16 +102,22 @@ class FusedLinear:
             start = end
         self.weight, self.bias, self.layout = weight, bias, layout
 
-    def _pack_with_kernel(self, layout: "str | Quantization", release: bool) -> None:
+    def _pack_with_kernel(self, layout: "str | Quantization", release: bool, blocks=None) -> None:
         with torch.no_grad():
             weight = torch.cat([linear.weight for linear in self.linears], dim=0)  # [out, in]
             has_bias = self.linears[0].bias is not None
             bias = torch.cat([linear.bias for linear in self.linears]) if has_bias else None
         if layout == "fp16" and not fp16_fits(weight):
             return self.pack("linear")  # a weight beyond float16's range keeps the dense kernel
-        self.kernel = _OWN_KERNEL[layout](weight, bias) if layout in _OWN_KERNEL else compressed_weights(weight, bias, layout)
+        if blocks is not None:
+            self.kernel = GgufBlockWeights(blocks, bias, int8_activations=layout.scheme == "gguf")
+        elif layout in _OWN_KERNEL:
+            self.kernel = _OWN_KERNEL[layout](weight, bias)
+        else:
+            self.kernel = compressed_weights(weight, bias, layout)
         self.layout = layout
-        # compressed kernels compute each row on its own (weight_formats); oneDNN's and the blocked one are measured
+        # compressed kernels compute each row on its own (weight_formats, gguf_block_weights); oneDNN's and the
+        # blocked one are measured
         self.row_invariant = _row_invariant(self.kernel, weight.shape[1], weight.dtype) if layout in _OWN_KERNEL else True
         if release:
             for linear in self.linears:
@@ -120,7 +134,7 @@ class FusedLinear:
         return self._gemm(x, residual)
 
     def _gemm(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
-        if isinstance(self.kernel, (OneDnnWeights, BlockedWeights)):
+        if isinstance(self.kernel, (OneDnnWeights, BlockedWeights, GgufBlockWeights)):
             return self.kernel(x, residual)
         if self.kernel is not None:
             out = self.kernel(x)

@@ -211,6 +211,10 @@ class GGUFFile:
         shape = tuple(reversed([int(d) for d in self._tensors[gguf_name].shape]))  # GGUF lists dims innermost first
         return self._unpermute(gguf_name, tensor.reshape(shape))
 
+    def quantized_blocks(self) -> dict[str, Blocks]:
+        """Every Q4_0 / Q4_1 / Q8_0 matrix's blocks under its Hugging Face name."""
+        return {hf: self.blocks(name) for hf, name in self.hf_names().items() if self.type_name(name) in BLOCK_TYPES}
+
     def tensors(self) -> dict[str, torch.Tensor]:
         """Every tensor under its Hugging Face name, dequantized to float32."""
         return {hf: self.tensor(name) for hf, name in self.hf_names().items()}

@@ -9,12 +9,13 @@ import torch
 from torch import nn
 from safetensors import SafetensorError, safe_open
 
-from eyas.engine.errors import CheckpointError
+from eyas.engine.errors import CheckpointError, ConfigError
 from eyas.engine.models.checkpoint_source import checkpoint_directory, gguf_source
 from eyas.engine.models.config import DTYPES, ModelConfig, load_model_config, read_json
+from eyas.engine.models import gguf_block_weights
 from eyas.engine.models.fused_linear import choose_layouts
 from eyas.engine.models.llama import LlamaForCausalLM
-from eyas.engine.models.weight_formats import Quantization, check_int4_shapes, check_quantization
+from eyas.engine.models.weight_formats import GGUF_SCHEMES, Quantization, check_int4_shapes, check_quantization
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
@@ -136,9 +137,30 @@ def pack_for_inference(model: torch.nn.Module, weight_layout: str, device: torch
         model_bytes = sum(matrix_bytes(m) for m in (model, runs_beside) if m is not None)
         return model.pack(choose_layouts(shapes, weight_layout, dtype, device, model_bytes))
     check_quantization(quantization.scheme, quantization.group_size, device, field)
+    if quantization.scheme in GGUF_SCHEMES:  # the file's blocks where they are stored so, else the float layouts
+        model_bytes = sum(matrix_bytes(m) for m in (model, runs_beside) if m is not None)
+        fallback = choose_layouts(shapes, weight_layout, dtype, device, model_bytes)
+        return model.pack({name: Quantization(quantization.scheme, fallback=layout) for name, layout in fallback.items()})
     if quantization.scheme == "int4":
         check_int4_shapes(shapes, quantization.group_size, field)
     model.pack(dict.fromkeys(shapes, quantization))
+
+
+def attach_gguf_blocks(model: LlamaForCausalLM, directory: Path, scheme: str, field: str) -> None:
+    """Hand each projection its GGUF file blocks (Q4_0 / Q4_1 / Q8_0) for `pack` (gguf_block_weights); a tied
+    lm_head gets the embedding's."""
+    source = gguf_source(directory)
+    if source is None:
+        raise ConfigError(f"{field}.quantization={scheme} keeps a GGUF file's quantized blocks, but {field}.path is "
+                          f"not a .gguf file ({directory}); allowed here: none, int8, int4")
+    from eyas.engine.models.gguf_file import GGUFFile  # needs the `gguf` package
+
+    blocks = GGUFFile(source).quantized_blocks()
+    if model.lm_head.weight is model.model.embed_tokens.weight and "model.embed_tokens.weight" in blocks:
+        blocks["lm_head.weight"] = blocks["model.embed_tokens.weight"]
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear) and f"{name}.weight" in blocks:
+            gguf_block_weights.attach(module, blocks[f"{name}.weight"])
 
 
 def matrix_bytes(model: torch.nn.Module) -> int:
@@ -170,6 +192,8 @@ def load_model(path: str | Path, dtype: str = "auto", device: str | torch.device
     assign_state(model, tensors, torch_dtype, device, str(directory))
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
+    if quantization in GGUF_SCHEMES:
+        attach_gguf_blocks(model, directory, quantization, field)
     model.model.rotary.reset(device)
     model.eval().requires_grad_(False)
     pack_for_inference(model, weight_layout, device, Quantization(quantization, quantization_group_size), field,

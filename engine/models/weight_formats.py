@@ -16,6 +16,9 @@ against plain decoding of the same quantized model).
 - `Int4Weights` (`model.quantization=int4`): 4-bit weights in groups of `group_size` input features,
   each group with a bf16 scale and zero point; aten's `_weight_int4pack_mm_for_cpu`, which takes bf16
   activations (the input is rounded to bf16 for this GEMM).
+- `model.quantization=gguf` / `gguf_f32` keep a GGUF file's Q4_0 / Q4_1 / Q8_0 blocks as the file stores
+  them (`gguf_block_weights`): no second rounding; int8 activations as llama.cpp's, or float32 ones (the
+  dequantized model's bits).
 - `Fp16Weights` (the `auto` weight layout of a bfloat16 or float16 model on CPU): the weights held in
   float16, fbgemm's fp16 GEMM with float32 activations and accumulation (its row counts padded so that
   it is row-invariant too). CPUs without native bf16 dot
@@ -30,19 +33,23 @@ from dataclasses import dataclass
 
 import torch
 
+from eyas.engine.cpu_ops import cpu_ops_error
 from eyas.engine.errors import ConfigError
 from eyas.engine.models.packed_ops import register_packed
 
-SCHEMES = ("none", "int8", "int4")
+SCHEMES = ("none", "int8", "int4", "gguf", "gguf_f32")
+GGUF_SCHEMES = ("gguf", "gguf_f32")  # a GGUF file's own blocks: int8 or float32 activations
 INT4_GROUP_SIZES = (32, 64, 128, 256)
 FP16_MAX = 65504.0
 
 
 @dataclass(frozen=True)
 class Quantization:
-    """What `FusedLinear.pack` stores a projection as: `scheme` one of SCHEMES; `group_size` for int4."""
+    """What `FusedLinear.pack` stores a projection as: `scheme` one of SCHEMES; `group_size` for int4;
+    `fallback` for gguf: the float layout of a projection the file does not store in blocks its kernel reads."""
     scheme: str
     group_size: int = 128
+    fallback: str = "linear"
 
 
 def fbgemm_available() -> bool:
@@ -59,6 +66,11 @@ def check_quantization(scheme: str, group_size: int, device: torch.device, field
     if device.type != "cpu":
         raise ConfigError(f"{field}.quantization={scheme} runs on CPU only (its kernels are PyTorch's CPU "
                           f"kernels); device is {device.type}: set {field}.quantization=none")
+    if scheme in GGUF_SCHEMES:
+        error = cpu_ops_error()
+        if error is not None:
+            raise ConfigError(f"{field}.quantization={scheme} runs on eyas's C++ CPU kernels, which cannot be built "
+                              f"here ({error}): set {field}.quantization=none")
     if scheme == "int8" and not fbgemm_available():
         raise ConfigError(f"{field}.quantization=int8 needs PyTorch's fbgemm engine, which this build lacks "
                           f"(engines: {torch.backends.quantized.supported_engines})")
