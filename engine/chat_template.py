@@ -37,13 +37,16 @@ class ChatTemplate:
         return "".join(getattr(self, role).replace("{content}", text) for role, text in messages) + self.generation_prompt
 
 
+class ChatTemplateError(ValueError):
+    """The checkpoint's chat template refused a conversation (its own `raise_exception`, or an error rendering it)."""
+
+
 class ModelChatTemplate:
     """A checkpoint's own chat template (`chat_template` of its tokenizer_config.json, or a GGUF file's
     `tokenizer.chat_template`): Jinja rendered as transformers' `apply_chat_template` renders it (a
     sandboxed environment, trim_blocks and lstrip_blocks, `raise_exception` and `strftime_now`)."""
 
-    def __init__(self, source: str, bos_token: str | None = None, eos_token: str | None = None,
-                 stop: list[str] | None = None):
+    def __init__(self, source: str, bos_token: str | None = None, eos_token: str | None = None):
         from datetime import datetime
 
         import jinja2
@@ -60,8 +63,8 @@ class ModelChatTemplate:
         except jinja2.exceptions.TemplateSyntaxError as e:
             raise ConfigError(f"the checkpoint's chat_template is not a valid Jinja template: {e}") from e
         self.bos_token, self.eos_token = bos_token or "", eos_token or ""
-        # the turn ends at the template's end-of-turn token, which the engine stops on as its eos
-        self.stop = list(stop or [])
+        # no stop strings: the turn ends at the template's end-of-turn token, which the engine stops on as its eos
+        self.stop: list[str] = []
 
     def render(self, messages: list[tuple[str, str]]) -> str:
         """messages: (role, text) pairs; ends with the assistant's generation prompt."""
@@ -71,8 +74,8 @@ class ModelChatTemplate:
             return self._template.render(messages=[{"role": r, "content": t} for r, t in messages],
                                          add_generation_prompt=True, bos_token=self.bos_token,
                                          eos_token=self.eos_token, tools=None)
-        except jinja2.exceptions.TemplateError as e:
-            raise ConfigError(f"the checkpoint's chat_template failed on these messages: {e}") from e
+        except jinja2.exceptions.TemplateError as e:  # raise_exception() in the template: messages it refuses
+            raise ChatTemplateError(f"the checkpoint's chat_template refused these messages: {e}") from e
 
 
 def model_chat_template(checkpoint_dir) -> ModelChatTemplate | None:

@@ -49,20 +49,17 @@ inline void store_tile(const float* acc, int64_t stride, int rows, int64_t cols,
   }
 }
 
-// Threads take spans of `span` blocks of 16 columns; a span runs in tiles of up to `tile` rows and
-// `per_tile(rows)` blocks side by side: fn(rows, row0, first block, blocks).
+// Threads take equal runs of the blocks of 16 columns; a thread's run goes in tiles of up to `tile` rows
+// and `per_tile(rows)` blocks side by side: fn(rows, row0, first block, blocks).
 template <typename PerTile, typename Fn>
-inline void for_each_tile(int64_t blocks, int64_t m_size, int64_t tile, int64_t span, PerTile per_tile, Fn fn) {
-  at::parallel_for(0, (blocks + span - 1) / span, 1, [&](int64_t first, int64_t last) {
-    for (int64_t s = first; s < last; ++s) {
-      const int64_t span_end = std::min(blocks, (s + 1) * span);
-      for (int64_t m = 0; m < m_size; m += tile) {
-        const int rows = static_cast<int>(std::min(tile, m_size - m));
-        for (int64_t b = s * span; b < span_end;) {
-          const int width = static_cast<int>(std::min<int64_t>(per_tile(rows), span_end - b));
-          fn(rows, m, b, width);
-          b += width;
-        }
+inline void for_each_tile(int64_t blocks, int64_t m_size, int64_t tile, PerTile per_tile, Fn fn) {
+  at::parallel_for(0, blocks, 1, [&](int64_t first, int64_t last) {
+    for (int64_t m = 0; m < m_size; m += tile) {
+      const int rows = static_cast<int>(std::min(tile, m_size - m));
+      for (int64_t b = first; b < last;) {
+        const int width = static_cast<int>(std::min<int64_t>(per_tile(rows), last - b));
+        fn(rows, m, b, width);
+        b += width;
       }
     }
   });

@@ -44,7 +44,7 @@ namespace {
 constexpr int64_t kBlock = 16;  // output columns per block
 constexpr int64_t kGroup = 32;  // input features per scale
 constexpr int64_t kTile = 4;    // rows per tile
-constexpr int64_t kSpan = 4;    // blocks a thread takes at a time
+constexpr int64_t kMaxSide = 4;  // blocks side by side in a tile, at most
 
 // x's rows quantized per group: xq [M, K] int8, dx [M, G] (the group's scale), sx [M, G] (sum(xq)), dxs [M, G]
 // (dx * sum(xq))
@@ -338,9 +338,9 @@ at::Tensor int8_dot_linear(const at::Tensor& x, const at::Tensor& codes, const a
   const c10::Half* offset_data = offsets.data_ptr<c10::Half>();
   const int64_t block_bytes = groups * group_bytes, block_params = groups * kBlock;
   float* out_data = out.data_ptr<float>();
-  eyas_block::for_each_tile(blocks, m_size, kTile, kSpan, blocks_per_tile,
+  eyas_block::for_each_tile(blocks, m_size, kTile, blocks_per_tile,
                             [&](int rows, int64_t m, int64_t b, int width) {
-    alignas(64) float acc[kTile * kSpan * kBlock];
+    alignas(64) float acc[kTile * kMaxSide * kBlock];
     const uint8_t* block = code_data + b * block_bytes;
     const c10::Half* block_scales = scale_data + b * block_params;
     const c10::Half* block_offsets = offset_data + b * block_params;

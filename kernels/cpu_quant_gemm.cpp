@@ -37,7 +37,7 @@ typedef int32_t i32x8 __attribute__((vector_size(32)));
 constexpr int64_t kBlock = 16;  // output columns per block: two vectors
 constexpr int64_t kGroup = 32;  // input features per scale (GGUF's block size)
 constexpr int64_t kTile = 6;    // rows per tile
-constexpr int64_t kSpan = 4;    // blocks a thread takes at a time (side by side in a one-row tile)
+constexpr int64_t kMaxSide = 4;  // blocks side by side in a tile, at most
 
 inline vec8 load8(const float* p) {
   vec8 v;
@@ -195,9 +195,9 @@ at::Tensor quant_block_linear(const at::Tensor& x, const at::Tensor& codes, cons
   const c10::Half* offset_data = offsets.has_value() ? offsets->data_ptr<c10::Half>() : nullptr;
   const int64_t block_bytes = k_size * codes.size(2), block_params = (k_size / kGroup) * kBlock;
   float* out_data = out.data_ptr<float>();
-  eyas_block::for_each_tile(blocks, m_size, kTile, kSpan, blocks_per_tile,
+  eyas_block::for_each_tile(blocks, m_size, kTile, blocks_per_tile,
                             [&](int rows, int64_t m, int64_t b, int width) {
-    alignas(64) float acc[kTile * kSpan * kBlock];
+    alignas(64) float acc[kTile * kMaxSide * kBlock];
     const uint8_t* block = code_data + b * block_bytes;
     const c10::Half* block_scales = scale_data + b * block_params;
     const c10::Half* block_offsets = offset_data == nullptr ? nullptr : offset_data + b * block_params;

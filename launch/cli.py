@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 from rich.console import Console
 
 from eyas.containers.build import container_of
+from eyas.engine.chat_template import ChatTemplateError
 from eyas.engine.config import prepare
 from eyas.engine.errors import ConfigError, EyasError
 from eyas.engine.sampling_params import SamplingParams
@@ -64,7 +65,10 @@ def as_chat(prompts: list[str], chat: bool | None, template, model_path: str) ->
     if template is None:
         raise ConfigError(f"chat=true: the checkpoint at model.path={model_path} has no chat template "
                           f"(chat_template in tokenizer_config.json); set chat=false or null")
-    return [template.render([("user", p)]) for p in prompts]
+    try:
+        return [template.render([("user", p)]) for p in prompts]
+    except ChatTemplateError as e:
+        raise ConfigError(f"chat: {e}; set chat=false to send the prompt as it is") from e
 
 
 def run(config: dict, output_dir: str | Path | None = None, console: Console | None = None) -> dict:

@@ -217,7 +217,12 @@ def dequantized_checkpoint(directory: Path, out: str) -> str:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(str(directory), gguf_file=str(source), dtype=torch.float32)
-    model.save_pretrained(out)
+    config = model.config
+    if hasattr(config, "quantization_config"):  # transformers will not save a model it loaded from GGUF
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(model.state_dict())
+    plain.save_pretrained(out)
     AutoTokenizer.from_pretrained(str(directory)).save_pretrained(out)
     return out
 

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 
 import pytest
@@ -73,6 +74,35 @@ def test_server_chat_uses_the_files_chat_template(q4_target, gguf_cache):
         finally:
             server.stop()
     assert counts == {True: len(chatml), False: len(formats)} and len(chatml) != len(formats)
+
+
+# a template that refuses a role, as Gemma's refuses "system"
+REFUSING_TEMPLATE = ("{% for message in messages %}{% if message['role'] == 'system' %}"
+                     "{{ raise_exception('System role not supported') }}{% endif %}"
+                     "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
+                     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_a_conversation_the_template_refuses_is_a_400_naming_messages(tmp_path_factory, gguf_cache):
+    """The template's own raise_exception reaches the client as invalid_request_error on `messages`, and
+    the server goes on serving."""
+    path = fixture_dir(tmp_path_factory, "gguf-engine-refusing-template",
+                       lambda d: write_gguf(d / "model.gguf", "llama", "Q8_0", chat_template=REFUSING_TEMPLATE)) / "model.gguf"
+    server = ServerProcess(f"model.path={path}", *engine_overrides(None, "none"), *ENGINE, "server.served_model_name=m")
+    try:
+        body = {"model": "m", "max_tokens": 2, "messages": [{"role": "system", "content": "Be brief."},
+                                                            {"role": "user", "content": "Hi"}]}
+        request = urllib.request.Request(server.base + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=60)
+        error = json.loads(refused.value.read())["error"]
+        assert refused.value.code == 400 and error["param"] == "messages"
+        assert error["type"] == "invalid_request_error" and "System role not supported" in error["message"]
+        body["messages"] = body["messages"][1:]
+        assert _post(server.base, "/v1/chat/completions", body)["choices"][0]["finish_reason"] in ("length", "stop")
+    finally:
+        server.stop()
 
 
 def test_smollm2_without_network_fails_at_once_with_the_command_to_run(tmp_path):

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ValidationError
 from eyas.engine.errors import ConfigError
 from eyas.engine.outputs import RequestOutput
 from eyas.engine.sampling_params import SamplingParams
-from eyas.engine.chat_template import ChatTemplate
+from eyas.engine.chat_template import ChatTemplate, ChatTemplateError
 from eyas.engine.serve.detokenizer import IncrementalDetokenizer
 from eyas.engine.serve.loop import EngineLoop, Finished, QueueFull, Stream
 from eyas.engine.serve.metrics import ServerMetrics
@@ -105,7 +105,11 @@ def create_app(loop: EngineLoop, metrics: ServerMetrics, tokenizer: Tokenizer, m
     async def chat_completions(request: Request):
         req = await _parse(request, ChatCompletionRequest)
         await _compiled(req)
-        ids = await _encode(chat_template.render(req.conversation()), "messages")
+        try:
+            text = chat_template.render(req.conversation())
+        except ChatTemplateError as e:
+            raise RequestValidationError(str(e), "messages") from e
+        ids = await _encode(text, "messages")
         streams = _submit(req, ids, _sampling(req, chat_template.stop))
         rid = new_id("chatcmpl")
 
