@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from eyas.engine.attention.torch_native import TorchNativeBackend
+from eyas.engine.cpu_ops import cpu_ops_error
 from eyas.engine.cache.kv_pool import PagedKVPool
 from eyas.engine.forward_batch import ForwardBatch
 
@@ -19,9 +20,12 @@ def naive_attention(q, keys, values, query_positions, scale):
     return out
 
 
+@pytest.mark.parametrize("batch_invariant", [False, True])
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [(4, 4, 16), (4, 2, 80), (8, 2, 32)])
-def test_extend_over_paged_prefix_matches_naive(page_size, num_heads, num_kv_heads, head_dim):
+def test_extend_over_paged_prefix_matches_naive(page_size, num_heads, num_kv_heads, head_dim, batch_invariant):
+    """Batched, and batch-invariant: a prefill in one causal call, a request past a prefix query by query
+    (in eyas's paged attention op where it reads the pool, float32 on a CPU)."""
     torch.manual_seed(0)
     num_pages, max_ctx = 256 // page_size, 128
     pool = PagedKVPool(1, num_pages, page_size, num_kv_heads, head_dim, torch.float32, torch.device("cpu"))
@@ -42,8 +46,10 @@ def test_extend_over_paged_prefix_matches_naive(page_size, num_heads, num_kv_hea
     q = torch.randn(sum(extend_lens), num_heads, head_dim)
     k = torch.cat([full_k[r][p:] for r, p in enumerate(prefix_lens)])
     v = torch.cat([full_v[r][p:] for r, p in enumerate(prefix_lens)])
-    backend = TorchNativeBackend(head_dim)
+    backend = TorchNativeBackend(head_dim, batch_invariant=batch_invariant)
     backend.init_forward_metadata(batch)
+    if batch_invariant and cpu_ops_error() is None:  # the requests past a prefix attend in the paged op
+        assert [p is not None for p in backend.metadata.paged] == [p > 0 for p in prefix_lens]
     out = backend.forward(q, k, v, 0, batch)
     offset = 0
     for r, (p, e) in enumerate(zip(prefix_lens, extend_lens)):

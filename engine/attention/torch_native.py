@@ -4,6 +4,11 @@ Runs on CPU and CUDA. Extend (prefill, verify, draft-extend) and decode are one 
 is an extend by one token. The mask lets query `j` of a request see KV index `i` when
 `i <= prefix_len + j` and `i < seq_len`, so padding is never read.
 
+Batch-invariant mode (`batch_invariant`, or a forward marked `exact`): a prompt without a prefix prefills in
+one causal call (outside an exact forward); every other query attends on its own, all of a request's queries in one call of eyas's
+paged attention op where it reads the pool (float32 on a CPU: a fixed order per query whatever the other
+queries and the context length), otherwise one SDPA call per query.
+
 Everything that depends only on the batch (KV gather indices, mask, padding layout) is computed once
 per forward in `init_forward_metadata` and shared by all layers. Per layer, the KV of a lone request
 whose slots form one ascending contiguous run (the allocator hands pages out so) is read as a view
@@ -18,7 +23,9 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
+from eyas.engine.cpu_ops import cpu_ops_error
 from eyas.engine.forward_batch import ForwardBatch
+from eyas.kernels.cpu_attention import paged_attention
 
 
 @dataclass
@@ -51,6 +58,9 @@ class InvariantMetadata:
     slots: list[torch.Tensor]  # per request: [seq_len] KV slots of its positions
     runs: list[tuple[int, int] | None]  # per request: (first slot, seq_len) when its slots are one run (read as a view)
     keys_of: list[list[torch.Tensor] | None]  # per request: a tree's [keys] positions per node; None: a chain's
+    # per request whose queries attend one by one, where eyas's paged attention op serves the pool: its
+    # context slots [1, C] and additive mask [1, w, C] (query j sees the columns it would see alone)
+    paged: list[tuple[torch.Tensor, torch.Tensor] | None]
 
 
 class TorchNativeBackend:
@@ -66,7 +76,7 @@ class TorchNativeBackend:
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         if self.batch_invariant or batch.exact:
-            self.metadata = _invariant_metadata(batch)
+            self.metadata = _invariant_metadata(batch, paged=_paged_op_serves(batch.kv_pool))
             return
         device = batch.input_ids.device
         prefix_lens, extend_lens = batch.prefix_lens, batch.extend_lens
@@ -139,8 +149,15 @@ class TorchNativeBackend:
         pool, meta = batch.kv_pool, self.metadata
         pool.store(layer_id, batch.out_cache_loc, k, v)
         out, start, gqa = torch.empty_like(q), 0, k.shape[1] != q.shape[1]
-        for slots, run, keys_of, prefix, extend in zip(meta.slots, meta.runs, meta.keys_of, batch.prefix_lens,
-                                                       batch.extend_lens):
+        for slots, run, keys_of, paged, prefix, extend in zip(meta.slots, meta.runs, meta.keys_of, meta.paged,
+                                                              batch.prefix_lens, batch.extend_lens):
+            if paged is not None and q.dtype == torch.float32:  # every query of the request in one call, each alone
+                context, mask = paged
+                queries = q[start:start + extend].view(context.shape[0], mask.shape[1], *q.shape[1:])  # [B, w, Hq, D]
+                out[start:start + extend] = paged_attention(queries, pool.k[layer_id], pool.v[layer_id], context, mask,
+                                                            self.scale).view(extend, *q.shape[1:])
+                start += extend
+                continue
             if run is not None:  # the same values and strides as the gather, without the copy
                 keys, values = pool.k[layer_id][run[0]:run[0] + run[1]], pool.v[layer_id][run[0]:run[0] + run[1]]
             else:
@@ -164,7 +181,13 @@ class TorchNativeBackend:
         return out
 
 
-def _invariant_metadata(batch: ForwardBatch) -> InvariantMetadata:
+def _paged_op_serves(kv_pool) -> bool:
+    """Whether eyas's paged attention op reads this pool: float32 on a CPU, the C++ ops built here."""
+    k = kv_pool.k[0]
+    return k.device.type == "cpu" and k.dtype == torch.float32 and cpu_ops_error() is None
+
+
+def _invariant_metadata(batch: ForwardBatch, paged: bool = False) -> InvariantMetadata:
     rows = batch.rows if batch.rows is not None else batch.req_rows.tolist()
     slots = [batch.req_to_token[row, :p + e].clamp(min=0) for row, p, e in zip(rows, batch.prefix_lens, batch.extend_lens)]
     keys_of: list[list[torch.Tensor] | None] = [None] * len(rows)
@@ -174,7 +197,28 @@ def _invariant_metadata(batch: ForwardBatch) -> InvariantMetadata:
         for i, prefix in enumerate(batch.prefix_lens):
             ancestors = [torch.nonzero(blocks[i, j]).flatten() + prefix for j in range(n)]
             keys_of[i] = [torch.cat((torch.arange(prefix, device=a.device), a)) for a in ancestors]
-    return InvariantMetadata(slots, [_contiguous_run(s) for s in slots], keys_of)
+    one_by_one = [prefix > 0 or batch.exact for prefix in batch.prefix_lens]
+    paged_args = [_paged_args(s, p, e, k) if paged and alone else None
+                  for s, p, e, k, alone in zip(slots, batch.prefix_lens, batch.extend_lens, keys_of, one_by_one)]
+    return InvariantMetadata(slots, [_contiguous_run(s) for s in slots], keys_of, paged_args)
+
+
+def _paged_args(slots: torch.Tensor, prefix: int, extend: int,
+                keys_of: list[torch.Tensor] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A request's queries as the paged op takes them: context slots [B, C] and additive mask [B, w, C].
+    A chain is one row (B = 1, w = extend) whose query j sees columns 0 .. prefix + j; a tree gives each
+    node a row of its own (B = extend, w = 1) holding exactly its keys in order, padded at the end: the
+    columns it sees are then those its one-token decode sees, in the same places."""
+    if keys_of is None:
+        mask = torch.full((extend, slots.shape[0]), float("-inf"), device=slots.device).triu_(prefix + 1)
+        return slots[None].long().contiguous(), mask[None]
+    width = max(keys.shape[0] for keys in keys_of)
+    context = torch.zeros(extend, width, dtype=torch.int64, device=slots.device)
+    mask = torch.full((extend, 1, width), float("-inf"), device=slots.device)
+    for j, keys in enumerate(keys_of):
+        context[j, :keys.shape[0]] = slots[keys]
+        mask[j, 0, :keys.shape[0]] = 0.0
+    return context, mask
 
 
 def _contiguous_run(slots: torch.Tensor) -> tuple[int, int] | None:
