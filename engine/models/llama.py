@@ -12,6 +12,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from eyas.engine.models.config import ModelConfig
+from eyas.kernels import cpu_ops
 from eyas.engine.models.fused_linear import FusedLinear
 from eyas.engine.models.rope import RopeTables, RotaryEmbedding
 
@@ -22,6 +23,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
         self._constants: tuple[torch.Tensor, torch.Tensor] | None = None  # (hidden size, eps) as 0-dim tensors
+        # eyas's one-pass CPU op for float32 rows (kernels/cpu_norm.cpp), decided at the first forward and
+        # kept: a module computes every forward alike (a verify's rows as the decodes' rows)
+        self._fused: bool | None = None
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         """x / rms(x) over the last dim, back in x's dtype: the norm before its weight scales it."""
@@ -43,6 +47,11 @@ class RMSNorm(nn.Module):
         return x if dtype == torch.float32 else x.to(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._fused is None:
+            self._fused = x.device.type == "cpu" and self.weight.dtype == torch.float32 and cpu_ops.is_loaded()
+        if self._fused and x.dim() == 2 and x.dtype == torch.float32 and not (
+                torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)):  # no autograd in the op
+            return torch.ops.eyas_cpu.rms_norm(x.contiguous(), self.weight, self.eps)
         return self.weight * self.normalize(x)
 
     def constants_on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
