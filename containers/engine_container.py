@@ -42,7 +42,7 @@ class EngineContainer(containers.DeclarativeContainer):
         factories.attention_backend, providers.Object(BACKENDS), config.attention.backend,
         providers.Callable(factories.head_dim_of, models.target_model),
         providers.Callable(factories.batch_invariant_attention, config.attention.batch_invariant,
-                           config.attention.backend, config.model.quantization, config.graphs.mode,
+                           config.attention.backend, models.quantization, config.graphs.mode,
                            providers.Callable(factories.model_dtype_of, models.target_model)),
     )
 

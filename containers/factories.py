@@ -10,7 +10,9 @@ from eyas.engine.config.validation import uses_ngram, uses_suffix
 from eyas.engine.errors import ConfigError
 from eyas.engine.graphs.graph_runner import GraphRunner
 from eyas.engine.graphs.settings import GraphSettings, graph_settings
+from eyas.engine.models.checkpoint_source import gguf_source
 from eyas.engine.models.config import DTYPES
+from eyas.engine.models.weight_formats import resolve_quantization
 from eyas.engine.sampling_params import SamplingParams
 from eyas.engine.speculative.candidate import Candidate, parse_candidate, sorted_candidates
 from eyas.engine.tokenizer import Tokenizer
@@ -179,6 +181,11 @@ def attention_backend(backend_classes: dict[str, type], name: str, head_dim: int
     if name not in backend_classes:
         raise ConfigError(f"attention.backend: unknown attention backend {name!r}; allowed: {sorted(backend_classes)}")
     return backend_classes[name](head_dim, batch_invariant=True) if batch_invariant else backend_classes[name](head_dim)
+
+
+def model_quantization(scheme: str, checkpoint: Path, device: torch.device) -> str:
+    """`model.quantization` as the target runs it (`auto`: gguf for a GGUF file on a CPU, else none)."""
+    return resolve_quantization(scheme, gguf_source(checkpoint) is not None, device)
 
 
 def batch_invariant_attention(setting: bool | None, backend: str, quantization: str, graph_mode: str,

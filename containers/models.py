@@ -15,9 +15,11 @@ class ModelContainer(containers.DeclarativeContainer):
     device = Singleton(factories.resolve_device, config.device, config.num_threads)
     # model.path as a Hugging Face directory (a .gguf file's metadata directory for a GGUF file)
     checkpoint = Singleton(checkpoint_directory, config.model.path)
+    # model.quantization with `auto` resolved against the checkpoint and device
+    quantization = Singleton(factories.model_quantization, config.model.quantization, checkpoint, device)
     target_model = Singleton(
         load_model, path=checkpoint, dtype=providers.Callable(factories.model_dtype, config.model.dtype),
-        device=device, weight_layout=config.model.weight_layout, quantization=config.model.quantization,
+        device=device, weight_layout=config.model.weight_layout, quantization=quantization,
         quantization_group_size=config.model.quantization_group_size,
     )
     tokenizer = Singleton(factories.load_tokenizer, checkpoint)

@@ -46,6 +46,14 @@ def to_plain(cfg: DictConfig) -> dict:
     return config
 
 
+def with_group(overrides, group: str, option: str) -> list[str]:
+    """`overrides` with `group=option` first, unless they choose an option of `group` themselves
+    (`with_group(args, "model", "tiny")`: the tiny shipped pair unless the command names a model)."""
+    overrides = list(overrides)
+    chosen = any(o.lstrip("+~").startswith(f"{group}=") for o in overrides)
+    return overrides if chosen else [f"{group}={option}", *overrides]
+
+
 def compose_config(overrides: list[str] | tuple[str, ...] = (), config_name: str = "config") -> dict:
     """`config_name`: "config" (the engine) or "serve" (the server: adds the `server` group)."""
     register_schemas()

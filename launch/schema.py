@@ -34,6 +34,7 @@ class WeightLayout(str, Enum):
 
 
 class QuantizationScheme(str, Enum):
+    auto = "auto"  # a GGUF file's own blocks (gguf) where eyas's CPU kernels run, none for anything else
     none = "none"
     int8 = "int8"  # per-channel int8 weights, activations quantized per token (fbgemm)
     int4 = "int4"  # 4-bit weights in groups of quantization_group_size input features (aten int4pack)

@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from heldout import heldout_prompts  # noqa: E402
 from spec_metrics import tau_between  # noqa: E402
 
-from eyas.launch.compose import compose_config  # noqa: E402
-from eyas import SamplingParams, build_engine  # noqa: E402
+from eyas import SamplingParams  # noqa: E402
+from bench_target import build_engine, compose_config  # noqa: E402
 from eyas.engine.report.figures import pyplot, save  # noqa: E402
 from eyas.engine.speculative.adaptive.tiers import build_tiers, tier_index  # noqa: E402
 from eyas.engine.speculative.candidate import Candidate  # noqa: E402

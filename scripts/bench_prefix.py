@@ -34,7 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_serve import Server, free_port  # noqa: E402
 from heldout import heldout_prompts  # noqa: E402
 
-from eyas import SamplingParams, build_engine  # noqa: E402
+from eyas import SamplingParams  # noqa: E402
+from bench_target import bench_overrides, build_engine  # noqa: E402
 from eyas.engine.tokenizer import Tokenizer  # noqa: E402
 from eyas.engine.assets import asset_path  # noqa: E402
 
@@ -176,7 +177,8 @@ def main() -> None:
     try:
         for name, extra in (("cached", []), ("uncached", ["cache.prefix_caching=false"])):
             port = free_port()
-            servers[name] = Server(name, [sys.executable, "-m", "eyas.launch.serve", f"server.port={port}", *extra],
+            servers[name] = Server(name, [sys.executable, "-m", "eyas.launch.serve", f"server.port={port}",
+                                          *bench_overrides(extra)],
                                    port, workdir)
         model = servers["cached"].model
         report = {"shared_prefix": shared_prefix(servers, model, tokenizer, args),

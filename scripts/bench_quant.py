@@ -41,7 +41,8 @@ from bench_decode import agreement  # noqa: E402
 from bench_peers import EyasRunner, bench_batch, ct2_generate, load_ct2, make_waves, optional  # noqa: E402
 from heldout import heldout_prompts  # noqa: E402
 
-from eyas import SamplingParams, build_engine  # noqa: E402
+from eyas import SamplingParams  # noqa: E402
+from bench_target import build_engine  # noqa: E402
 from eyas.engine.assets import asset_path, heldout_files  # noqa: E402
 from eyas.engine.attention.dense import dense_batch, dense_positions  # noqa: E402
 from eyas.engine.models.loader import load_model  # noqa: E402

@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from heldout import heldout_prompts  # noqa: E402
 from spec_metrics import tau_between  # noqa: E402
 
-from eyas import SamplingParams, build_engine  # noqa: E402
+from eyas import SamplingParams  # noqa: E402
+from bench_target import build_engine  # noqa: E402
 
 CONFIGS = {
     "default": [],

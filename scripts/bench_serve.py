@@ -37,6 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_target import bench_overrides  # noqa: E402
 from heldout import heldout_prompts  # noqa: E402
 
 from eyas.engine.assets import asset_path  # noqa: E402
@@ -99,7 +100,7 @@ def start_servers(args, workdir: str) -> dict[str, Server]:
     servers = {}
     try:
         servers["eyas"] = Server("eyas", [sys.executable, "-m", "eyas.launch.serve", f"server.port={eyas_port}",
-                                          *args.eyas_overrides.split()], eyas_port, workdir)
+                                          *bench_overrides(args.eyas_overrides.split())], eyas_port, workdir)
         servers["transformers"] = Server("transformers", ["transformers", "serve", target, "--continuous-batching",
                                                           "--device", "cpu", "--port", str(hf_port)], hf_port, workdir)
     except BaseException:

@@ -40,7 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from workloads import CHAT_WORKLOADS, WORKLOADS, chat_prompts_for, workload_prompts  # noqa: E402
 
-from eyas import SamplingParams, build_engine  # noqa: E402
+from eyas import SamplingParams  # noqa: E402
+from bench_target import build_engine  # noqa: E402
 from eyas.engine.models.fused_linear import FusedLinear  # noqa: E402
 from eyas.engine.report.figures import pyplot, save  # noqa: E402
 from eyas.engine.sampling import SamplingBatch  # noqa: E402

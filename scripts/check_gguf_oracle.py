@@ -26,9 +26,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--num-prompts", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("override", nargs="*", help="config overrides naming the GGUF target (default: model=smollm2)")
+    p.add_argument("override", nargs="*", help="config overrides naming the GGUF target (default: the default model, smollm2)")
     args = p.parse_args()
-    overrides = args.override or ["model=smollm2"]
+    overrides = args.override
     path = compose_config(overrides)["model"]["path"]
     meta = checkpoint_directory(path)
     file = gguf_source(meta)

@@ -19,7 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from heldout import heldout_prompts  # noqa: E402
 
-from eyas import SamplingParams, build_engine  # noqa: E402
+from eyas import SamplingParams  # noqa: E402
+from bench_target import build_engine  # noqa: E402
 
 REPRODUCIBLE = "speculative.verify=reproducible"
 CONFIGS = {

@@ -102,7 +102,7 @@ def chat_prompts_for(messages: list[str], overrides: list[str]) -> list[str]:
     """Each message rendered as a user turn with the chat template of the model `overrides` configure."""
     from eyas.engine.chat_template import model_chat_template
     from eyas.engine.models.checkpoint_source import checkpoint_directory
-    from eyas.launch.compose import compose_config
+    from bench_target import compose_config
 
     path = compose_config(list(overrides))["model"]["path"]
     template = model_chat_template(checkpoint_directory(path))

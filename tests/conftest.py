@@ -23,7 +23,8 @@ import pytest  # noqa: E402
 sys.path.insert(0, str(Path(__file__).parent))  # tests/checkpoints.py
 
 from checkpoints import write_llama  # noqa: E402
-from eyas import SamplingParams, build_engine  # noqa: E402
+from eyas import SamplingParams  # noqa: E402
+from support import build_engine  # noqa: E402
 from trained_heads import train_heads  # noqa: E402
 
 PLAIN = ["speculative=none", "draft=none"]  # the default config speculates with the shipped heads

@@ -10,6 +10,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from support import cli_on_tiny
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -18,8 +20,10 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, *overrides: str, cwd: Path | None = None, startup_s: float = 180):
+    def __init__(self, *overrides: str, cwd: Path | None = None, startup_s: float = 180, as_written: bool = False):
+        """On the tiny model unless `overrides` choose a model group, or `as_written` (the package's default)."""
         self.port = free_port()
+        overrides = overrides if as_written else cli_on_tiny(overrides)
         self.base = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "eyas.launch.serve", f"server.port={self.port}", *overrides],

@@ -9,8 +9,9 @@ from dependency_injector import providers
 
 from conftest import DRAFT_KIND, PROMPTS, engine_overrides
 from eyas.containers.build import build_container
-from eyas.launch.compose import compose_config
-from eyas import SamplingParams, build_engine
+from support import compose_config
+from eyas import SamplingParams
+from support import build_engine
 from eyas.engine.request import Request
 from eyas.engine.speculative.candidate import Candidate
 from eyas.engine.speculative.phase_clock import CATCH_UP_PHASE, HOST_PHASE

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from conftest import engine_overrides
 from eyas.containers.adaptive import build_adaptive_runtime_state, build_candidate_states, speculative_scope
 from eyas.containers.build import build_container
-from eyas.launch.compose import compose_config
+from support import compose_config
 from eyas.engine.attention.torch_native import TorchNativeBackend
 from eyas.engine.speculative.backend_factory import DraftBackendFactory
 from eyas.engine.speculative.bindings import binding_names, snapshot_bindings

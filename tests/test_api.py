@@ -2,7 +2,8 @@
 
 import pytest
 
-from eyas import ConfigError, RequestOutput, SamplingParams, build_engine
+from eyas import ConfigError, RequestOutput, SamplingParams
+from support import build_engine
 from conftest import PLAIN
 
 

@@ -13,7 +13,8 @@ import torch
 
 from checkpoints import write_llama
 from eyas.containers.factories import batch_invariant_attention
-from eyas import ConfigError, SamplingParams, build_engine
+from eyas import ConfigError, SamplingParams
+from support import build_engine
 from eyas.engine.attention.torch_native import TorchNativeBackend
 from eyas.engine.cache.kv_pool import PagedKVPool
 from eyas.engine.forward_batch import ForwardBatch

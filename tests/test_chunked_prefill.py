@@ -6,7 +6,8 @@ import random
 import pytest
 
 from conftest import DRAFTER_CASES, draft_head, engine_overrides
-from eyas import SamplingParams, build_engine
+from eyas import SamplingParams
+from support import build_engine
 
 @pytest.mark.parametrize("algorithm, shape", DRAFTER_CASES, ids=[c[0] for c in DRAFTER_CASES])
 def test_chunks_change_no_output_and_no_acceptance(spec_pair, algorithm, shape):

@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 
 from eyas.launch.cli import quote_free_text, run
-from eyas.launch.compose import compose_config
+from support import cli_on_tiny, compose_config
 from eyas import ConfigError
 from conftest import PLAIN
 
@@ -43,7 +43,10 @@ def test_prompts_file_plain_and_jsonl(gqa_checkpoint, tmp_path):
 
 
 def run_cli(*args, cwd, module="eyas"):
-    """`python -m <module> args...` in a subprocess, as a user runs it (the installed package)."""
+    """`python -m <module> args...` in a subprocess, as a user runs it (the installed package); eyas's
+    own run on the tiny model unless `args` choose a model group."""
+    if module == "eyas":
+        args = cli_on_tiny(args)
     return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
 
 

@@ -7,10 +7,12 @@ from pathlib import Path
 import pytest
 
 from eyas.containers.build import build_container
-from eyas import ConfigError, build_engine
+from eyas import ConfigError
+from support import build_engine
 from eyas.engine.config import prepare, resolve, validate
 from eyas.engine.speculative.candidate import parse_candidate
-from eyas.launch.compose import compose_config, config_dir
+from eyas.launch.compose import config_dir
+from support import compose_config
 from conftest import PLAIN
 
 GROUPS = ["model", "draft", "speculative", "attention", "adaptive", "sampling", "cache", "experiment"]
@@ -247,3 +249,14 @@ def test_build_engine_rejects_bad_checkpoint_path():
 
     with pytest.raises(CheckpointError, match="model.path"):
         build_engine(["model.path=/no/such/dir"])
+
+
+def test_the_package_default_is_smollm2_from_its_gguf_file_with_its_eagle3_head():
+    """What `python -m eyas` composes with no override (the tests build on model=tiny unless they choose)."""
+    from eyas.engine.assets import asset_path
+    from eyas.launch.compose import compose_config as package_config
+
+    config = package_config([])
+    assert config["model"]["path"] == "smollm2" and config["model"]["quantization"] == "auto"
+    assert config["speculative"]["algorithm"] == "eagle3" and config["draft"]["path"] == str(asset_path("smollm2_eagle3"))
+    assert compose_config([])["model"]["path"] == str(asset_path("target"))

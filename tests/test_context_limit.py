@@ -10,7 +10,8 @@ import torch
 
 from conftest import engine_overrides
 from eyas.containers.cache import CacheContainer
-from eyas import SamplingParams, build_engine
+from eyas import SamplingParams
+from support import build_engine
 from eyas.engine.cache.allocator import PageAllocator
 from eyas.engine.cache.manager import KVCacheManager
 from eyas.engine.cache.req_to_token import ReqToTokenTable

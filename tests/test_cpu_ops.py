@@ -49,7 +49,7 @@ def test_without_a_compiler_the_layout_is_refused_and_auto_takes_another(tmp_pat
 import warnings
 from eyas import ConfigError, SamplingParams, build_engine
 from eyas.engine.models.fused_linear import FusedLinear
-base = ["speculative=none", "draft=none", "model.path={gqa_checkpoint}"]
+base = ["model=tiny", "speculative=none", "draft=none", "model.path={gqa_checkpoint}"]
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     with build_engine(base) as eng:

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from conftest import PLAIN, PROMPTS, engine_overrides
-from eyas import ConfigError, SamplingParams, build_engine
+from eyas import ConfigError, SamplingParams
+from support import build_engine
 
 
 @pytest.mark.parametrize("kind,num_steps", [("eagle", 5), ("eagle3", 4)])

@@ -11,7 +11,8 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from eyas import ConfigError, SamplingParams, build_engine
+from eyas import ConfigError, SamplingParams
+from support import build_engine
 from eyas.engine.attention.torch_native import TorchNativeBackend
 from eyas.engine.cache.allocator import PageAllocator
 from eyas.engine.cache.kv_pool import PagedKVPool

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from conftest import PLAIN, fixture_dir
-from eyas import SamplingParams, build_engine
+from eyas import SamplingParams
+from support import build_engine
 from eyas.engine.attention.dense import dense_batch, dense_positions
 from eyas.engine.chat_template import ModelChatTemplate, model_chat_template
 from eyas.engine.errors import CheckpointError

@@ -13,7 +13,7 @@ import torch
 
 from checkpoints import write_eagle3_head
 from conftest import PLAIN, engine_overrides, fixture_dir, random_requests_match_plain
-from eyas import build_engine
+from support import build_engine
 from eyas.engine.cpu_ops import cpu_ops_error
 from eyas.engine.errors import ConfigError
 from eyas.engine.models.checkpoint_source import checkpoint_directory
@@ -173,3 +173,20 @@ def test_cli_names_the_allowed_schemes():
     done = subprocess.run([sys.executable, "-m", "eyas", "model=tiny", "model.quantization=q4"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "model.quantization" in done.stderr and "gguf" in done.stderr
+
+
+def test_auto_keeps_a_gguf_files_blocks_on_a_cpu_and_dequantizes_elsewhere(q4_target, gqa_checkpoint):
+    """`model.quantization=auto` (the default model's): gguf for a GGUF file on a CPU, none for a Hugging Face
+    directory or a GPU; the engine built over the default model group runs a GGUF path on its blocks and a
+    directory in floats."""
+    from eyas.containers.factories import model_quantization
+
+    meta = checkpoint_directory(q4_target)
+    assert model_quantization("auto", meta, torch.device("cpu")) == "gguf"
+    assert model_quantization("auto", meta, torch.device("cuda")) == "none"
+    assert model_quantization("auto", gqa_checkpoint, torch.device("cpu")) == "none"
+    assert model_quantization("gguf_f32", meta, torch.device("cpu")) == "gguf_f32"
+    for path, blocks in ((q4_target, True), (gqa_checkpoint, False)):
+        with build_engine(["model=smollm2", f"model.path={path}", *PLAIN, *ENGINE, "prompt=null"]) as eng:
+            down = eng.worker.runner.model.model.layers[0].mlp.down
+            assert isinstance(down.kernel, GgufBlockWeights) == blocks, path

@@ -13,12 +13,13 @@ import pytest
 from conftest import PROMPTS, engine_overrides
 from eyas.containers.adaptive import build_candidate_states
 from eyas.containers.build import build_container
-from eyas import SamplingParams, build_engine
+from eyas import SamplingParams
+from support import build_engine
 from eyas.engine.errors import ConfigError
 from eyas.engine.graphs.settings import graph_settings
 from eyas.engine.speculative.bindings import snapshot_bindings
 from eyas.engine.speculative.candidate import Candidate
-from eyas.launch.compose import compose_config
+from support import compose_config
 
 COMPILE = "graphs.mode=compile"
 GREEDY = SamplingParams(max_new_tokens=12, ignore_eos=True)

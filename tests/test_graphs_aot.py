@@ -12,7 +12,8 @@ import torch
 
 from checkpoints import write_llama
 from conftest import CHECKPOINTS, PROMPTS, engine_overrides
-from eyas import SamplingParams, build_engine
+from eyas import SamplingParams
+from support import build_engine
 from eyas.engine.graphs.exported import ExportedForward
 
 GREEDY = SamplingParams(max_new_tokens=12, ignore_eos=True)

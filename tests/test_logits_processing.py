@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from conftest import PROMPTS, engine_overrides, run_plain
-from eyas import ConfigError, SamplingParams, build_engine
+from eyas import ConfigError, SamplingParams
+from support import build_engine
 from eyas.engine.logits_processing import LogitsProcessing
 from eyas.engine.speculative.tree import ancestor_mask
 

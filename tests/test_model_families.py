@@ -8,7 +8,8 @@ from checkpoints import write_llama
 from conftest import PLAIN, engine_overrides
 from test_loader import copy_checkpoint, edit_config
 from test_oracle import ORACLE_PROMPTS, hf_greedy, hf_model
-from eyas import CheckpointError, ConfigError, SamplingParams, build_engine
+from eyas import CheckpointError, ConfigError, SamplingParams
+from support import build_engine
 from eyas.engine.models.config import load_model_config
 from eyas.engine.models.loader import load_model
 

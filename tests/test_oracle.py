@@ -6,7 +6,8 @@ import json
 import pytest
 import torch
 
-from eyas import SamplingParams, build_engine
+from eyas import SamplingParams
+from support import build_engine
 from eyas.engine.forward_batch import ForwardBatch
 from conftest import PLAIN
 

@@ -6,7 +6,8 @@ import random
 import pytest
 
 from conftest import DRAFTER_CASES, draft_head, engine_overrides
-from eyas import SamplingParams, build_engine
+from eyas import SamplingParams
+from support import build_engine
 from eyas.engine.cache.allocator import PageAllocator
 from eyas.engine.cache.manager import KVCacheManager
 from eyas.engine.cache.prefix_cache import PrefixCache

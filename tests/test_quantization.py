@@ -13,7 +13,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from conftest import GRAPHS, PARAMS_16, PLAIN, PROMPTS, PROMPTS_16, engine_overrides
-from eyas import ConfigError, SamplingParams, build_engine
+from eyas import ConfigError, SamplingParams
+from support import build_engine
 from eyas.engine.attention.dense import dense_batch, dense_positions
 from eyas.engine.models.fused_linear import FusedLinear
 from eyas.engine.models.loader import load_model
@@ -188,12 +189,13 @@ def test_a_bf16_weight_beyond_float16s_range_keeps_the_dense_kernel():
 
 def test_check_quantization_names_the_field_and_the_allowed_values():
     cpu = torch.device("cpu")
-    assert SCHEMES == ("none", "int8", "int4", "gguf", "gguf_f32") and INT4_GROUP_SIZES == (32, 64, 128, 256)
+    assert SCHEMES == ("auto", "none", "int8", "int4", "gguf", "gguf_f32") and INT4_GROUP_SIZES == (32, 64, 128, 256)
     for scheme in SCHEMES:
         check_quantization(scheme, 128, cpu, "model")
     check_quantization("int8", 48, cpu, "model")  # the group size is int4's alone
     check_quantization("none", 48, torch.device("cuda"), "model")  # nothing to run: any device
-    with pytest.raises(ConfigError, match=r"draft\.quantization must be one of \['none', 'int8', 'int4', 'gguf', "
+    check_quantization("auto", 48, torch.device("cuda"), "model")  # resolved against the checkpoint first
+    with pytest.raises(ConfigError, match=r"draft\.quantization must be one of \['auto', 'none', 'int8', 'int4', 'gguf', "
                                           r"'gguf_f32'\], got 'int5'"):
         check_quantization("int5", 128, cpu, "draft")
     with pytest.raises(ConfigError, match=r"model\.quantization_group_size must be one of \[32, 64, 128, 256\]"):

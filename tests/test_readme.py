@@ -101,7 +101,7 @@ class Workspace:
 
     def start_server(self, readme_port: str, overrides: list[str]) -> ServerProcess:
         if readme_port not in self.servers:
-            self.servers[readme_port] = ServerProcess(*overrides, cwd=self.path)
+            self.servers[readme_port] = ServerProcess(*overrides, cwd=self.path, as_written=True)
         return self.servers[readme_port]
 
     def substitute_ports(self, code: str) -> str:
@@ -167,7 +167,8 @@ def run_segment(space: Workspace, words: list[str]) -> None:
         readme_port = next(w.split("=", 1)[1] for w in words if w.startswith("server.port="))
         server = space.start_server(readme_port, [w for w in words[3:] if not w.startswith("server.port=")])
         status, models = server.get("/v1/models")
-        name = next((w.split("=", 1)[1] for w in words if w.startswith("server.served_model_name=")), "target")
+        name = next((w.split("=", 1)[1] for w in words if w.startswith("server.served_model_name=")),
+                    "target" if "model=tiny" in words else "smollm2")  # the model directory's name
         assert status == 200 and f'"id":"{name}"' in models, models
         return
     elif words[:3] == ["python", "-m", "eyas.engine.report"]:
@@ -178,11 +179,13 @@ def run_segment(space: Workspace, words: list[str]) -> None:
     assert done.returncode == 0, f"{shlex.join(words)}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
 
 
-# Commands run under -m slow: variants of a kind the default run covers with another command (drafters
+# Commands run under -m slow: variants of a kind the default run covers with another command (the default
+# model's other runs, a prompts file, drafters
 # past n-gram, trees, adaptive tiers, sweeps but joblib's, searches, the other launchers, the extras'
 # installs). tests/test_cli.py and tests/test_sweeps.py check sweeps, the adaptive policies and a search
 # by default.
-SLOW_COMMANDS = ("# the shipped EAGLE-1 head", "# the EAGLE-3 head and prompt lookup", "# suffix decoding:",
+SLOW_COMMANDS = ("prompt='What is a Python decorator?'", "adaptive=off speculative.num_steps=2 ",
+                 "prompts_file=prompts.txt  ", "# its EAGLE-1 head", "# the EAGLE-3 head and prompt lookup", "# suffix decoding:",
                  "-m adaptive=off speculative.num_steps=1,3,5", "# chain, up to 5 tokens", "speculative.topk=", "speculative=standalone", "# k = 4, ngram_trust",
                  "adaptive.tiers=", "-m sampling.temperature=", "-m adaptive=off,ema,throughput", "experiment=",
                  "hydra/sweeper=", "hydra/launcher=ray", "hydra/launcher=slurm", "pip install '.[sweep]'",

@@ -5,7 +5,8 @@ adaptive policies that learn sampled and greedy batches apart. (Its distribution
 import pytest
 
 from conftest import PROMPTS_16, engine_overrides
-from eyas import SamplingParams, build_engine
+from eyas import SamplingParams
+from support import build_engine
 
 PARAMS = [SamplingParams(max_new_tokens=24, temperature=t, top_p=p, seed=50 + i, ignore_eos=True)
           for i, (t, p) in enumerate([(0.8, 0.95), (0.0, 1.0), (1.0, 1.0), (0.6, 0.9)] * 2)]

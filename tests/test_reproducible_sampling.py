@@ -4,7 +4,8 @@ either draft head, either draft sampling mode, adaptive step schedules, alone or
 import pytest
 
 from conftest import PROMPTS_16, engine_overrides
-from eyas import SamplingParams, build_engine
+from eyas import SamplingParams
+from support import build_engine
 
 # temperature, top_k, top_p: every filter, several temperatures, and greedy requests in the same batch
 SETTINGS = [(0.7, 0, 1.0), (1.0, 5, 1.0), (0.8, 0, 0.95), (1.3, 20, 0.9), (0.0, 0, 1.0), (1.0, 0, 1.0),

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from checkpoints import write_llama
-from eyas import SamplingParams, build_engine
+from eyas import SamplingParams
+from support import build_engine
 from conftest import PLAIN
 
 

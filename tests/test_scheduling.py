@@ -5,7 +5,8 @@ import random
 import pytest
 
 from conftest import engine_overrides
-from eyas import SamplingParams, build_engine
+from eyas import SamplingParams
+from support import build_engine
 
 
 def test_200_random_requests_through_a_small_pool_all_finish_and_free_every_slot(gqa_checkpoint):

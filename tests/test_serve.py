@@ -15,7 +15,8 @@ import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
-from eyas import SamplingParams, build_engine
+from eyas import SamplingParams
+from support import build_engine
 from server_process import ServerProcess
 
 MODEL = "target"  # the shipped target's directory name

@@ -5,7 +5,8 @@ import asyncio
 import pytest
 
 from conftest import PLAIN
-from eyas import SamplingParams, build_engine
+from eyas import SamplingParams
+from support import build_engine
 from eyas.engine.serve.detokenizer import IncrementalDetokenizer
 from eyas.engine.serve.loop import EngineLoop, Finished, Stream
 

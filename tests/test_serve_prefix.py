@@ -11,7 +11,8 @@ import socket
 import pytest
 from openai import OpenAI
 
-from eyas import SamplingParams, build_engine
+from eyas import SamplingParams
+from support import build_engine
 from server_process import ServerProcess
 
 MODEL = "target"

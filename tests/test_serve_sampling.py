@@ -9,7 +9,8 @@ import openai
 import pytest
 from openai import OpenAI
 
-from eyas import SamplingParams, build_engine
+from eyas import SamplingParams
+from support import build_engine
 from server_process import ServerProcess
 from test_serve import MODEL, SERVED_PROMPTS
 

@@ -7,8 +7,9 @@ from rich.console import Console
 
 from conftest import engine_overrides
 from eyas.launch.cli import run
-from eyas.launch.compose import compose_config
-from eyas import SamplingParams, build_engine
+from support import compose_config
+from eyas import SamplingParams
+from support import build_engine
 from eyas.engine.assets import asset_path, heldout_files
 
 # the prompts GOLDEN_TAU was recorded on, for the shipped code model

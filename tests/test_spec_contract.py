@@ -4,7 +4,8 @@ runner's `attn_backend`; each draft decode step on its own backend; nothing else
 import pytest
 
 from conftest import PLAIN, engine_overrides
-from eyas import ConfigError, SamplingParams, build_engine
+from eyas import ConfigError, SamplingParams
+from support import build_engine
 from eyas.engine.attention.torch_native import TorchNativeBackend
 from eyas.engine.speculative import bindings
 from eyas.engine.speculative.backend_factory import DraftBackendFactory

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from conftest import PROMPTS, engine_overrides
-from eyas import SamplingParams, build_engine
+from eyas import SamplingParams
+from support import build_engine
 from eyas.engine.sampling import SamplingBatch
 from eyas.engine.speculative.candidate import Candidate
 

@@ -8,7 +8,8 @@ import random
 import pytest
 
 from conftest import PARAMS_16, engine_overrides, random_requests_match_plain
-from eyas import ConfigError, SamplingParams, build_engine
+from eyas import ConfigError, SamplingParams
+from support import build_engine
 from eyas.engine.speculative.drafters.ngram_index import NgramIndex
 from test_cli import run_cli
 

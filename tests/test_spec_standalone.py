@@ -7,7 +7,8 @@ draft), the command line with no other override, and a draft LM that does not fi
 import pytest
 
 from conftest import PARAMS_16, PROMPTS, PROMPTS_16, engine_overrides, random_requests_match_plain
-from eyas import SamplingParams, build_engine
+from eyas import SamplingParams
+from support import build_engine
 from eyas.engine.assets import asset_path
 from eyas.engine.errors import CheckpointError
 from test_spec_ngram import assert_cli_run_equals_plain

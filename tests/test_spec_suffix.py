@@ -9,7 +9,8 @@ from collections import Counter
 import pytest
 
 from conftest import PARAMS_16, engine_overrides, random_requests_match_plain
-from eyas import ConfigError, SamplingParams, build_engine
+from eyas import ConfigError, SamplingParams
+from support import build_engine
 from eyas.engine.speculative.drafters.suffix_index import SuffixIndex, _match_length
 from test_spec_ngram import REPEATING_PROMPTS, assert_cli_run_equals_plain
 

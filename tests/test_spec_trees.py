@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from conftest import PARAMS_16, PROMPTS, PROMPTS_16, engine_overrides
-from eyas import ConfigError, SamplingParams, build_engine
+from eyas import ConfigError, SamplingParams
+from support import build_engine
 from eyas.engine.speculative.candidate import Candidate
 from eyas.engine.speculative.tree import DraftTree, ancestor_mask, max_tree_nodes, select_tree
 from eyas.engine.speculative.verify import walk_tree
@@ -144,7 +145,7 @@ def test_tree_config_errors_name_the_field_and_range(override, message):
 
 def test_a_configured_tree_with_adaptive_starts_there_only_when_the_first_tier_lists_it():
     from eyas.engine.config import prepare
-    from eyas.launch.compose import compose_config
+    from support import compose_config
 
     tree = ["speculative.topk=4", "speculative.num_steps=2", "speculative.num_draft_tokens=8"]
     config, notices = prepare(compose_config(tree))  # the default, adaptive=auto, runs a configured tree as it is

@@ -1,6 +1,7 @@
 """Each request ends on its own stop: eos, stop string, max_new_tokens."""
 
-from eyas import SamplingParams, build_engine
+from eyas import SamplingParams
+from support import build_engine
 from conftest import PLAIN, PROMPTS
 
 

@@ -8,7 +8,8 @@ import jsonschema
 import pytest
 
 from conftest import PROMPTS, engine_overrides, run_plain
-from eyas import ConfigError, SamplingParams, build_engine
+from eyas import ConfigError, SamplingParams
+from support import build_engine
 
 SCHEMAS = [
     {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"},

@@ -11,7 +11,7 @@ import yaml
 from eyas import ConfigError
 from eyas.engine.config import prepare
 from eyas.launch.best_overrides import best_overrides_line
-from eyas.launch.compose import compose_config
+from support import compose_config
 from eyas.engine.report import collect_runs, swept_keys, write_report
 from conftest import PLAIN
 from test_cli import run_cli
@@ -80,7 +80,7 @@ def test_optuna_search_maximises_the_objective_and_prints_the_best_overrides(tmp
     params = results["best_params"]
     assert set(params) == {"speculative", "adaptive", "speculative.num_steps"}
     assert params["speculative.num_steps"] == best["config"]["speculative"]["num_steps"]
-    line = f"python -m eyas objective={objective} {TINY} speculative={params['speculative']} " \
+    line = f"python -m eyas objective={objective} {TINY} model=tiny speculative={params['speculative']} " \
            f"adaptive={params['adaptive']} speculative.num_steps={params['speculative.num_steps']}"
     assert line in proc.stdout, proc.stdout[-2000:]
 

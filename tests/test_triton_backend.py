@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from conftest import PLAIN, PROMPTS, engine_overrides
-from eyas import ConfigError, SamplingParams, build_engine
+from eyas import ConfigError, SamplingParams
+from support import build_engine
 from eyas.engine.attention.torch_native import TorchNativeBackend
 from eyas.engine.attention.triton import TritonBackend
 from eyas.engine.cache.kv_pool import PagedKVPool

@@ -15,7 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 from train_heads import Heads, eagle3_unroll, eagle_loss, export, soft_ce, target_pass  # noqa: E402
 
-from eyas import SamplingParams, build_engine  # noqa: E402
+from eyas import SamplingParams  # noqa: E402
+from support import build_engine  # noqa: E402
 from eyas.engine.models.loader import load_model  # noqa: E402
 
 

@@ -85,6 +85,8 @@ def load_draft(path: str | Path, kind: str, target: LlamaForCausalLM, dtype: str
     if quantization in GGUF_SCHEMES and kind != "lm":
         raise ConfigError(f"draft.quantization={quantization} keeps a GGUF file's quantized blocks; an {kind} head is "
                           f"not a GGUF file: set draft.quantization to one of none, int8, int4")
+    if kind != "lm" and quantization == "auto":
+        quantization = "none"  # a head is no GGUF file
     if kind == "lm":
         return load_standalone_draft(path, target, dtype, device, weight_layout, target_path, quantization,
                                      quantization_group_size)

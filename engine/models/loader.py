@@ -15,7 +15,8 @@ from eyas.engine.models.config import DTYPES, ModelConfig, load_model_config, re
 from eyas.engine.models import gguf_block_weights
 from eyas.engine.models.fused_linear import choose_layouts
 from eyas.engine.models.llama import LlamaForCausalLM
-from eyas.engine.models.weight_formats import GGUF_SCHEMES, Quantization, check_int4_shapes, check_quantization
+from eyas.engine.models.weight_formats import (GGUF_SCHEMES, Quantization, check_int4_shapes, check_quantization,
+                                               resolve_quantization)
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
@@ -171,12 +172,13 @@ def matrix_bytes(model: torch.nn.Module) -> int:
 def load_model(path: str | Path, dtype: str = "auto", device: str | torch.device = "cpu",
                weight_layout: str = "auto", quantization: str = "none", quantization_group_size: int = 128,
                field: str = "model", runs_beside: torch.nn.Module | None = None) -> LlamaForCausalLM:
-    """A checkpoint directory as a packed inference model; `quantization` (one of `SCHEMES`) stores its
-    linear layers in int8 or int4 (`field` names the config those settings came from in errors);
+    """A checkpoint directory as a packed inference model; `quantization` (one of `SCHEMES`; `auto` as
+    `resolve_quantization` reads it) stores its linear layers in int8, int4 or a GGUF file's blocks (`field` names the config those settings came from in errors);
     `runs_beside` as `pack_for_inference` takes it. A layout with a kernel of its own (`onednn`,
     `blocked`, which `auto` may choose) releases the modules' weights: pass `weight_layout="linear"` to
     read them (training, export)."""
     directory = checkpoint_dir(path)
+    quantization = resolve_quantization(quantization, gguf_source(directory) is not None, torch.device(device))
     check_quantization(quantization, quantization_group_size, torch.device(device), field)
     config: ModelConfig = load_model_config(directory)
     torch_dtype = resolve_dtype(dtype, config.torch_dtype)

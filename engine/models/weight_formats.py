@@ -37,7 +37,7 @@ from eyas.engine.cpu_ops import cpu_ops_error
 from eyas.engine.errors import ConfigError
 from eyas.engine.models.packed_ops import register_packed
 
-SCHEMES = ("none", "int8", "int4", "gguf", "gguf_f32")
+SCHEMES = ("auto", "none", "int8", "int4", "gguf", "gguf_f32")
 GGUF_SCHEMES = ("gguf", "gguf_f32")  # a GGUF file's own blocks: int8 or float32 activations
 INT4_GROUP_SIZES = (32, 64, 128, 256)
 FP16_MAX = 65504.0
@@ -56,12 +56,20 @@ def fbgemm_available() -> bool:
     return "fbgemm" in torch.backends.quantized.supported_engines
 
 
+def resolve_quantization(scheme: str, gguf_file: bool, device: torch.device) -> str:
+    """`auto` -> the scheme a checkpoint runs in: a GGUF file keeps its own blocks (gguf) on a CPU that
+    builds eyas's kernels; anything else (a Hugging Face directory, a GPU) is none. Others pass through."""
+    if scheme != "auto":
+        return scheme
+    return "gguf" if gguf_file and device.type == "cpu" and cpu_ops_error() is None else "none"
+
+
 def check_quantization(scheme: str, group_size: int, device: torch.device, field: str = "model") -> None:
     """Raise a ConfigError naming `{field}.quantization` / `{field}.quantization_group_size` when the
     setting cannot run here."""
     if scheme not in SCHEMES:
         raise ConfigError(f"{field}.quantization must be one of {list(SCHEMES)}, got {scheme!r}")
-    if scheme == "none":
+    if scheme in ("auto", "none"):
         return
     if device.type != "cpu":
         raise ConfigError(f"{field}.quantization={scheme} runs on CPU only (its kernels are PyTorch's CPU "
