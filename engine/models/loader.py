@@ -173,10 +173,10 @@ def load_model(path: str | Path, dtype: str = "auto", device: str | torch.device
                weight_layout: str = "auto", quantization: str = "none", quantization_group_size: int = 128,
                field: str = "model", runs_beside: torch.nn.Module | None = None) -> LlamaForCausalLM:
     """A checkpoint directory as a packed inference model; `quantization` (one of `SCHEMES`; `auto` as
-    `resolve_quantization` reads it) stores its linear layers in int8, int4 or a GGUF file's blocks (`field` names the config those settings came from in errors);
-    `runs_beside` as `pack_for_inference` takes it. A layout with a kernel of its own (`onednn`,
-    `blocked`, which `auto` may choose) releases the modules' weights: pass `weight_layout="linear"` to
-    read them (training, export)."""
+    `resolve_quantization` reads it) stores its linear layers in int8, int4 or a GGUF file's blocks
+    (`field` names the config those settings came from in errors); `runs_beside` as `pack_for_inference`
+    takes it. A layout with a kernel of its own (`onednn`, `blocked`, which `auto` may choose) releases
+    the modules' weights: pass `weight_layout="linear"` to read them (training, export)."""
     directory = checkpoint_dir(path)
     quantization = resolve_quantization(quantization, gguf_source(directory) is not None, torch.device(device))
     check_quantization(quantization, quantization_group_size, torch.device(device), field)
