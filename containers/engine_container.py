@@ -106,9 +106,8 @@ class EngineContainer(containers.DeclarativeContainer):
         config.adaptive.policy, off=spec_worker, ema=adaptive_worker, throughput=adaptive_worker,
     )
     worker = providers.Selector(
-        config.speculative.algorithm, none=decode_worker, eagle=speculative_worker, eagle3=speculative_worker,
-        ngram=speculative_worker, standalone=speculative_worker,
-        hybrid=speculative_worker, suffix=speculative_worker,
+        providers.Callable(factories.worker_kind, config.speculative.algorithm),
+        plain=decode_worker, speculative=speculative_worker,
     )
     scheduler = Singleton(
         Scheduler, kv=cache.manager, max_running_requests=config.cache.max_running_requests,

@@ -6,7 +6,6 @@ import torch
 
 from eyas.engine.cache.kv_pool import PagedKVPool
 from eyas.engine.cache.prefix_cache import PrefixCache
-from eyas.engine.config.validation import uses_ngram, uses_suffix
 from eyas.engine.errors import ConfigError
 from eyas.engine.graphs.graph_runner import GraphRunner
 from eyas.engine.graphs.settings import GraphSettings, graph_settings
@@ -15,6 +14,7 @@ from eyas.engine.models.config import DTYPES
 from eyas.engine.models.weight_formats import resolve_quantization
 from eyas.engine.sampling_params import SamplingParams
 from eyas.engine.speculative.candidate import Candidate, parse_candidate, sorted_candidates
+from eyas.engine.speculative.drafters.registry import HOST, PLAIN, needs_draft_model
 from eyas.engine.tokenizer import Tokenizer
 
 
@@ -128,35 +128,25 @@ def adaptive_candidates(adaptive: dict) -> list[Candidate]:
 
 
 def drafter_name(algorithm: str, adaptive: dict) -> str:
-    """The drafter to build: the one `algorithm` names, or the hybrid (which can draft as the head alone, as
-    n-gram lookup alone, or as both) when adaptive tiers list other drafters."""
+    """The drafter to build: the one `algorithm` names, or the host (`registry.HOST`, which drafts as the
+    head alone, as each lookup alone, or as its own rule) when adaptive tiers list other drafters."""
     others = adaptive["policy"] != "off" and any(c.drafter is not None for c in adaptive_candidates(adaptive))
-    return "hybrid" if others else algorithm
+    return HOST if others else algorithm
 
 
-# newest occurrences of a key the suffix index examines per lookup
-SUFFIX_OCCURRENCES = 64
-
-
-def key_lengths(spec: dict) -> range:
-    """The n-gram lengths the suffix index keys on: speculative.ngram_min_match..ngram_max_match."""
-    return range(spec["ngram_min_match"], spec["ngram_max_match"] + 1)
-
-
-def lookup_in_use(name: str, spec: dict, adaptive: dict) -> str:
-    """Whether the hybrid drafter holds lookup `name` (ngram | suffix): some candidate or its rule drafts
-    with it (the same test validation applies to that lookup's fields)."""
-    return "yes" if {"ngram": uses_ngram, "suffix": uses_suffix}[name](spec, adaptive) else "no"
-
-
-def hybrid_mode(algorithm: str) -> str:
-    """How the hybrid drafter drafts the configured drafter's candidates: as itself, or as the head alone."""
-    return "hybrid" if algorithm == "hybrid" else "head"
+def drafter_of(parts, name: str):
+    """Drafter `name`, built from `parts` (`registry.DrafterParts`)."""
+    return parts.drafter(name)
 
 
 def draft_backends_of(algorithm: str, candidate: Candidate) -> str:
-    """Whether a runtime state gets draft-head backends: not for n-gram lookup (no draft model)."""
-    return "none" if (candidate.drafter or algorithm) in ("ngram", "suffix") else "head"
+    """Whether a runtime state gets draft-head backends: not for a drafter without a draft model."""
+    return "head" if needs_draft_model(candidate.drafter or algorithm) else "none"
+
+
+def worker_kind(algorithm: str) -> str:
+    """plain decoding, or speculative decoding by a drafter."""
+    return "plain" if algorithm == PLAIN else "speculative"
 
 
 def capture_layers_of(draft, target) -> tuple[int, ...]:

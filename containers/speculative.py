@@ -4,20 +4,16 @@ the drafters, and the runtime state of one candidate."""
 from dependency_injector import containers, providers
 
 from eyas.containers import factories
+from eyas.containers.drafter_parts import ContainerDrafterParts
 from eyas.containers.scope import BuildTrackingSingleton as Singleton
 from eyas.engine.attention.registry import BACKENDS
 from eyas.engine.models.draft_loader import load_draft
 from eyas.engine.runner import ModelRunner
 from eyas.engine.speculative.backend_factory import DraftBackendFactory
+from eyas.engine.config.validation import lookups_in_use
 from eyas.engine.speculative.candidate import Candidate
 from eyas.engine.speculative.drafters.draft_state_buffers import DraftStateBuffers
-from eyas.engine.speculative.drafters.eagle import EagleDrafter
 from eyas.engine.speculative.drafters.head import DraftHead
-from eyas.engine.speculative.drafters.hybrid import HybridDrafter
-from eyas.engine.speculative.drafters.ngram import NgramDrafter
-from eyas.engine.speculative.drafters.standalone import StandaloneDrafter
-from eyas.engine.speculative.drafters.suffix import SuffixDrafter
-from eyas.engine.speculative.drafters.suffix_index import SuffixIndex
 from eyas.engine.speculative.state import SpecRuntimeState
 from eyas.engine.speculative.verify_buffers import VerifyBuffers
 
@@ -80,39 +76,16 @@ class SpeculativeContainer(containers.DeclarativeContainer):
         draft_sampling=config.speculative.draft_sampling, tree_score_temperature=config.speculative.tree_score_temperature,
         verify=config.speculative.verify,
     )
-    eagle_drafter = Singleton(EagleDrafter, head=head)
-    standalone_drafter = Singleton(StandaloneDrafter, head=head)
-    ngram_drafter = Singleton(
-        NgramDrafter, min_match=config.speculative.ngram_min_match, max_match=config.speculative.ngram_max_match,
+    # what each drafter is built from (`registry.DrafterParts`); the head loads only when a drafter asks for it
+    drafter_parts = Singleton(
+        ContainerDrafterParts, algorithm=config.speculative.algorithm, spec=config.speculative,
         max_branches=providers.Callable(factories.max_topk, config.speculative, config.adaptive),
+        lookups=providers.Callable(lookups_in_use, config.speculative, config.adaptive), head=head.provider,
     )
-    suffix_index = Singleton(
-        SuffixIndex, key_lengths=providers.Callable(factories.key_lengths, config.speculative),
-        max_match=config.speculative.suffix_max_match, max_tokens=config.speculative.suffix_max_tokens,
-        max_occurrences=factories.SUFFIX_OCCURRENCES,
-    )
-    suffix_drafter = Singleton(
-        SuffixDrafter, index=suffix_index, max_spec_factor=config.speculative.suffix_max_spec_factor,
-        min_token_prob=config.speculative.suffix_min_token_prob,
-    )
-    hybrid_drafter = Singleton(
-        HybridDrafter, eagle=eagle_drafter, ngram_trust=config.speculative.ngram_trust,
-        configured_mode=providers.Callable(factories.hybrid_mode, config.speculative.algorithm),
-        ngram=providers.Selector(
-            providers.Callable(factories.lookup_in_use, "ngram", config.speculative, config.adaptive),
-            yes=ngram_drafter, no=providers.Object(None),
-        ),
-        suffix=providers.Selector(
-            providers.Callable(factories.lookup_in_use, "suffix", config.speculative, config.adaptive),
-            yes=suffix_drafter, no=providers.Object(None),
-        ),
-        hybrid_lookup=config.speculative.hybrid_lookup,
-    )
-    # the drafter the worker drafts with (`factories.drafter_name`); n-gram loads no draft model
-    drafter = providers.Selector(
+    # the drafter the worker drafts with (`factories.drafter_name`), built as its registry row says
+    drafter = Singleton(
+        factories.drafter_of, drafter_parts,
         providers.Callable(factories.drafter_name, config.speculative.algorithm, config.adaptive),
-        eagle=eagle_drafter, eagle3=eagle_drafter, ngram=ngram_drafter, standalone=standalone_drafter,
-        hybrid=hybrid_drafter, suffix=suffix_drafter,
     )
     backend_factory = providers.Selector(
         providers.Callable(factories.draft_backends_of, config.speculative.algorithm, candidate),

@@ -3,7 +3,6 @@
 The result is as composed; `eyas.engine.config.prepare` resolves and validates it where it is built.
 """
 
-from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -13,13 +12,13 @@ from omegaconf.errors import OmegaConfBaseException
 
 from eyas.engine.assets import asset_path
 from eyas.engine.errors import ConfigError
-from eyas.launch.schema import register_schemas
+from eyas.launch.schema import CONF_DIR, register_schemas
 
 
 def config_dir() -> str:
     """The config tree `conf/`: beside this package's folder in a source checkout and when installed
     (as `eyas/conf`)."""
-    return str(Path(__file__).resolve().parent.parent / "conf")
+    return str(CONF_DIR)
 
 
 def unless_set(other, default):

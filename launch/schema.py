@@ -6,10 +6,15 @@ Enum fields list their allowed values in Hydra's own error message. Cross-field 
 
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
+
+from eyas.engine.speculative.drafters.registry import ALGORITHMS, DRAFT_MODELS, DRAFTERS, LOOKUPS, PLAIN
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"  # beside this package's folder, and installed as eyas/conf
 
 
 class Device(str, Enum):
@@ -47,26 +52,11 @@ class AttentionBackendName(str, Enum):
     triton = "triton"
 
 
-class SpeculativeAlgorithm(str, Enum):
-    none = "none"
-    eagle = "eagle"
-    eagle3 = "eagle3"
-    ngram = "ngram"
-    suffix = "suffix"
-    standalone = "standalone"
-    hybrid = "hybrid"
-
-
-class HybridLookup(str, Enum):
-    ngram = "ngram"
-    suffix = "suffix"
-
-
-class DraftKind(str, Enum):
-    none = "none"
-    eagle = "eagle"
-    eagle3 = "eagle3"
-    lm = "lm"  # a small causal LM with the target's tokenizer
+# the drafter registry's names: plain decoding and every drafter; the lookup drafters; the draft models
+# (eagle, eagle3, lm: a small causal LM with the target's tokenizer)
+SpeculativeAlgorithm = Enum("SpeculativeAlgorithm", {name: name for name in ALGORITHMS}, type=str)
+HybridLookup = Enum("HybridLookup", {name: name for name in LOOKUPS}, type=str)
+DraftKind = Enum("DraftKind", {name: name for name in (PLAIN, *DRAFT_MODELS)}, type=str)
 
 
 class AttentionMode(str, Enum):
@@ -282,5 +272,16 @@ class Config:
 
 
 def register_schemas() -> None:
-    ConfigStore.instance().store(name="config_schema", node=Config)
+    store = ConfigStore.instance()
+    store.store(name="config_schema", node=Config)
+    for name, row in DRAFTERS.items():  # a drafter's groups where it ships no config file for them
+        if not (CONF_DIR / "speculative" / f"{name}.yaml").is_file():
+            store.store(group="speculative", name=name, node=SpeculativeConfig(name, row.default_steps))
+        if not (CONF_DIR / "draft" / f"{name}.yaml").is_file():
+            store.store(group="draft", name=name, node=_default_draft(row.draft_kinds[0]))
+
+
+def _default_draft(kind: str) -> DraftConfig:
+    """A drafter's draft group: its draft model kind, at the path the model names for it (model.heads)."""
+    return DraftConfig(kind, None if kind == PLAIN else f"${{model.heads.{DRAFT_MODELS[kind]}}}")
 

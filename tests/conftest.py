@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # tests/checkpoints.py
 
 from checkpoints import write_llama  # noqa: E402
 from eyas import SamplingParams  # noqa: E402
+from eyas.engine.speculative.drafters.registry import ALGORITHMS, DRAFTERS, draft_kinds  # noqa: E402
 from support import build_engine  # noqa: E402
 from trained_heads import train_heads  # noqa: E402
 
@@ -130,7 +131,8 @@ def qwen3_spec_pair(checkpoint, tmp_path_factory):
 # the verify mode of the speculative engines the tests build: seeded sampled output equal to plain
 # decoding's, which most lossless checks compare against (rejection's are checked by distribution)
 VERIFY = "reproducible"
-DRAFT_KIND = {"eagle": "eagle", "eagle3": "eagle3", "hybrid": "eagle3"}  # the head an algorithm drafts with
+# the EAGLE head an algorithm drafts with, its default draft kind (the registry's)
+DRAFT_KIND = {name: row.draft_kinds[0] for name, row in DRAFTERS.items() if row.draft_kinds[0] in ("eagle", "eagle3")}
 # EYAS_TEST_GRAPHS=compile (or aot): every engine the tests build runs its forwards as graphs
 GRAPHS = [f"graphs.mode={os.environ['EYAS_TEST_GRAPHS']}"] if os.environ.get("EYAS_TEST_GRAPHS") else []
 
@@ -167,22 +169,18 @@ def engine_overrides(target, algorithm: str = "none", *extra: str, head: Path | 
     return [*overrides, *extra]
 
 
-# one case per drafter (plain decoding first) with a shape of its own, for the checks every drafter must pass
-DRAFTER_CASES = [
-    ("none", {}),
-    ("eagle", dict(num_steps=3)),
-    ("eagle3", dict(num_steps=3, topk=2, nodes=6)),
-    ("ngram", dict(num_steps=3)),
-    ("suffix", dict(num_steps=6)),
-    ("hybrid", dict(num_steps=3)),
-    ("standalone", dict(num_steps=2)),
-]
+# one case per drafter of the registry (plain decoding first), for the checks every drafter must pass:
+# a chain of 3 steps unless a drafter's case below gives it a shape of its own
+DRAFTER_SHAPES = {"none": {}, "eagle3": dict(num_steps=3, topk=2, nodes=6), "suffix": dict(num_steps=6),
+                  "standalone": dict(num_steps=2)}
+DRAFTER_CASES = [(name, DRAFTER_SHAPES.get(name, dict(num_steps=3))) for name in ALGORITHMS]
 
 
 def draft_head(algorithm: str, target, heads: dict):
-    """The draft model a `spec_pair` run of `algorithm` drafts with: its head, the target itself as the
-    standalone LM, none for plain decoding, n-gram lookup and suffix decoding."""
-    return {"none": None, "ngram": None, "suffix": None, "standalone": target}.get(algorithm, heads.get(algorithm, heads["eagle3"]))
+    """The draft model a `spec_pair` run of `algorithm` drafts with, by its registry row: its EAGLE head,
+    the target itself as a standalone LM, none without a draft model."""
+    kind = draft_kinds(algorithm)[0]
+    return {"none": None, "lm": target}.get(kind, heads.get(kind))
 
 
 def run_plain(target, prompts, params, *extra: str) -> list:

@@ -170,7 +170,7 @@ def test_hybrid_over_suffix_lookup_and_suffix_as_an_adaptive_candidate(spec_pair
     expected = plain_reference(target, REPEATING_PROMPTS, PARAMS_16)
     with build_engine(engine_overrides(target, "hybrid", "speculative.hybrid_lookup=suffix", head=heads["eagle3"],
                                        num_steps=4)) as eng:
-        assert eng.worker.drafter.lookup is eng.worker.drafter.suffix
+        assert eng.worker.drafter.lookup is eng.worker.drafter.lookups["suffix"]
         assert [o.token_ids for o in eng.generate(REPEATING_PROMPTS, PARAMS_16)] == expected
     tiers = "adaptive.tiers=[{batch_size:4,candidates:[1,2,{drafter:suffix,num_steps:8}]},{batch_size:16,candidates:[0,1,{drafter:suffix,num_steps:4,topk:2,num_draft_tokens:6}]}]"
     with build_engine(engine_overrides(target, "eagle3", "adaptive=throughput", tiers, head=heads["eagle3"],

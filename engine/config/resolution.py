@@ -9,8 +9,7 @@ import copy
 
 from eyas.engine.speculative.adaptive.tiers import middle_candidate
 from eyas.engine.speculative.candidate import Candidate, parse_candidate
-
-HOSTS = ("eagle", "eagle3", "hybrid")  # the algorithms whose drafter can draft as another one too
+from eyas.engine.speculative.drafters.registry import HOSTS, fixed_depth, grafts_lookup
 
 
 def resolve(config: dict) -> tuple[dict, list[str]]:
@@ -22,7 +21,7 @@ def resolve(config: dict) -> tuple[dict, list[str]]:
     auto = adaptive["policy"] == "auto"
     if auto:  # adaptive chains; plain decoding, a configured tree and suffix decoding as they are
         tree = _is_int(spec["topk"]) and spec["topk"] > 1
-        fixed = spec["algorithm"] in ("none", "suffix") or tree  # suffix decoding: each draft's depth follows its match
+        fixed = fixed_depth(spec["algorithm"]) or tree  # e.g. suffix decoding: each draft's depth follows its match
         adaptive["policy"] = "off" if fixed else "throughput"
     notices = _drop_unhosted_drafters(spec, adaptive, say=not auto)
     return config, notices + _start_in_first_tier(spec, adaptive)
@@ -57,7 +56,7 @@ def _drop_unhosted_drafters(spec: dict, adaptive: dict, say: bool) -> list[str]:
 def default_draft_tokens(algorithm: str, num_steps: int, topk: int) -> int:
     """A chain's nodes; a tree's: every step's frontier plus the root (the hybrid: and its n-gram branches)."""
     nodes = num_steps * topk + 1
-    if algorithm == "hybrid" and topk > 1:
+    if grafts_lookup(algorithm) and topk > 1:
         nodes += num_steps * topk
     return nodes
 

@@ -7,13 +7,10 @@ from eyas.engine.errors import ConfigError
 from eyas.engine.graphs.settings import validate_graphs
 from eyas.engine.sampling_params import SamplingParams
 from eyas.engine.chat_template import ChatTemplate
-from eyas.engine.speculative.candidate import OTHER_DRAFTERS, Candidate, parse_candidate
+from eyas.engine.speculative.candidate import Candidate, parse_candidate
+from eyas.engine.speculative.drafters.registry import CANDIDATE_DRAFTERS, HOSTS, draft_kinds, grafts_lookup, lookups_of
 from eyas.engine.speculative.tree import max_tree_nodes
 
-
-# the draft model each speculative algorithm loads (none: no draft model)
-DRAFT_KIND = {"none": ("none",), "eagle": ("eagle",), "eagle3": ("eagle3",), "ngram": ("none",), "suffix": ("none",),
-              "standalone": ("lm",), "hybrid": ("eagle3", "eagle")}
 
 # speculative.suffix_max_tokens: bounds of the suffix index's memory (bytes per token measured on CPython
 # 3.11 with the default key lengths: ~210 on code, ~715 on random ids of a 32k vocabulary)
@@ -54,7 +51,7 @@ def validate(config: dict) -> None:
         raise ConfigError(f"num_threads must be an integer >= 1, or null for one thread per core; got {threads!r}")
 
     spec = config["speculative"]
-    kinds = DRAFT_KIND[spec["algorithm"]]
+    kinds = draft_kinds(spec["algorithm"])
     if config["draft"]["kind"] not in kinds:
         raise ConfigError(
             f"speculative.algorithm={spec['algorithm']!r} needs draft.kind in {list(kinds)}, got "
@@ -69,9 +66,10 @@ def validate(config: dict) -> None:
             f"speculative.num_steps must be 0 when speculative.algorithm is 'none', got {spec['num_steps']}; "
             "choose a speculative algorithm to draft tokens"
         )
-    if spec["algorithm"] in ("ngram", "hybrid", "suffix"):
+    lookups = lookups_in_use(spec, config["adaptive"])
+    if lookups:  # every lookup keys on the n-gram lengths
         _validate_ngram(spec)
-    if uses_suffix(spec, config["adaptive"]):
+    if "suffix" in lookups:
         _validate_suffix(spec)
     if spec["topk"] > 1:
         _validate_tree(config)
@@ -123,18 +121,11 @@ def _other_drafters(adaptive: dict) -> set[str]:
     return {parse_candidate(c).drafter for tier in adaptive["tiers"] for c in tier["candidates"]} - {None}
 
 
-def uses_suffix(spec: dict, adaptive: dict) -> bool:
-    """Whether suffix decoding drafts: configured, an adaptive candidate, or the lookup of a hybrid rule that runs."""
-    drafters = _other_drafters(adaptive)
-    hybrid = spec["algorithm"] == "hybrid" or "hybrid" in drafters
-    return spec["algorithm"] == "suffix" or "suffix" in drafters or (hybrid and spec["hybrid_lookup"] == "suffix")
-
-
-def uses_ngram(spec: dict, adaptive: dict) -> bool:
-    """Whether n-gram lookup drafts: configured, an adaptive candidate, or the lookup of a hybrid rule that runs."""
-    drafters = _other_drafters(adaptive)
-    hybrid = spec["algorithm"] == "hybrid" or "hybrid" in drafters
-    return spec["algorithm"] == "ngram" or "ngram" in drafters or (hybrid and spec["hybrid_lookup"] == "ngram")
+def lookups_in_use(spec: dict, adaptive: dict) -> set[str]:
+    """The lookups that draft (`registry.LOOKUPS`): the configured drafter's, an adaptive candidate's, or
+    the lookup of a hybrid rule that runs."""
+    drafters = {spec["algorithm"]} | _other_drafters(adaptive)
+    return set().union(*(lookups_of(drafter, spec) for drafter in drafters))
 
 
 def _validate_suffix(spec: dict) -> None:
@@ -176,7 +167,7 @@ def _validate_tree(config: dict) -> None:
 
 def _tree_node_range(algorithm: str, topk: int, steps: int) -> tuple[int, str]:
     """The most nodes a tree of `steps` expansion steps of `topk` children holds, and what the hybrid adds."""
-    if algorithm == "hybrid":  # the n-gram branches: topk continuations of num_steps tokens
+    if grafts_lookup(algorithm):  # the lookup's branches: topk continuations of num_steps tokens
         return max_tree_nodes(topk, steps) + topk * steps, " + topk * num_steps n-gram nodes"
     return max_tree_nodes(topk, steps), ""
 
@@ -208,10 +199,10 @@ def _other_candidate(algorithm: str, where: str, value: dict) -> Candidate:
     if "drafter" not in value:
         return _tree_candidate(algorithm, where, value)
     drafter, shape = value["drafter"], {key: v for key, v in value.items() if key != "drafter"}
-    allowed = [d for d in OTHER_DRAFTERS if d != algorithm]
-    if algorithm not in ("eagle", "eagle3", "hybrid"):
+    allowed = [d for d in CANDIDATE_DRAFTERS if d != algorithm]
+    if algorithm not in HOSTS:
         raise ConfigError(f"{where}: other drafters need the draft head they share state with: "
-                          f"speculative.algorithm eagle, eagle3 or hybrid, got {algorithm!r}")
+                          f"speculative.algorithm in {list(HOSTS)}, got {algorithm!r}")
     if drafter not in allowed:
         raise ConfigError(f"{where}.drafter must be one of {allowed} (the configured {algorithm!r} drafter's "
                           f"candidates are listed without `drafter`), got {drafter!r}")
@@ -273,8 +264,6 @@ def _validate_adaptive(config: dict) -> None:
                               f"({previous}): tiers are sorted by batch size, got {size!r}")
         previous = size
         _validate_candidates(spec["algorithm"], policy, i, candidates)
-    if _other_drafters(adaptive):
-        _validate_ngram(spec)  # n-gram or suffix lookup drafts for those candidates
 
 
 def _validate_candidates(algorithm: str, policy: str, i: int, candidates: list) -> None:

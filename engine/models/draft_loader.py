@@ -18,7 +18,9 @@ from eyas.engine.models.weight_formats import GGUF_SCHEMES, Quantization, check_
 # heads are one Llama decoder layer whatever their target's family
 EAGLE3_ARCHITECTURES = {"LlamaForCausalLMEagle3": LLAMA}
 EAGLE_ARCHITECTURES = {"LlamaForCausalLM": LLAMA, "EagleForCausalLM": LLAMA, "LlamaForCausalLMEagle": LLAMA}
-DRAFT_KINDS = ("eagle", "eagle3", "lm")
+# draft.kind -> the model.heads field that names the draft trained for the target
+DRAFT_MODELS = {"eagle": "eagle", "eagle3": "eagle3", "lm": "draft_lm"}
+DRAFT_KINDS = tuple(DRAFT_MODELS)
 
 
 def _check_fit(directory: Path, what: str, draft_value: int, target_value: int) -> None:

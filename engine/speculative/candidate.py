@@ -3,14 +3,11 @@
 A drafter at a shape: `num_steps` draft steps, `topk` children per expanded node, `num_draft_tokens`
 nodes verified (the root, the pending bonus token, counted). A chain is the shape with topk 1 and
 num_steps + 1 nodes; 0 steps is plain decoding through the verify path. `drafter` None means the
-configured drafter; another one (`OTHER_DRAFTERS`) is n-gram lookup, suffix decoding or the hybrid rule, drafted by a
-drafter that holds both (see `engine/speculative/drafters/hybrid.py`).
+configured drafter; another one (`registry.CANDIDATE_DRAFTERS`) is a lookup drafter or the hybrid rule,
+drafted by the host drafter that holds them all (see `engine/speculative/drafters/hybrid.py`).
 """
 
 from dataclasses import dataclass
-
-# drafters a candidate may switch to; each keeps its state current on every request while another drafts
-OTHER_DRAFTERS = ("ngram", "suffix", "hybrid")
 
 
 @dataclass(frozen=True)
@@ -18,7 +15,7 @@ class Candidate:
     num_steps: int
     topk: int = 1
     num_draft_tokens: int | None = None  # None: a chain's, num_steps + 1
-    drafter: str | None = None  # None: the configured drafter; else one of OTHER_DRAFTERS
+    drafter: str | None = None  # None: the configured drafter; else one of registry.CANDIDATE_DRAFTERS
 
     def __post_init__(self):
         if self.num_draft_tokens is None:

@@ -19,6 +19,10 @@ from eyas.engine.speculative.verify import Verified
 
 
 class EagleDrafter:
+    @classmethod
+    def from_parts(cls, parts) -> "EagleDrafter":
+        return cls(parts.head())
+
     def __init__(self, head: DraftHead):
         self.head = head
         self.deferred = DeferredExtend()

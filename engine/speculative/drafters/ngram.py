@@ -23,6 +23,10 @@ from eyas.engine.speculative.verify import Verified
 class NgramDrafter:
     head = None  # no draft model
 
+    @classmethod
+    def from_parts(cls, parts) -> "NgramDrafter":
+        return cls(parts.spec["ngram_min_match"], parts.spec["ngram_max_match"], parts.max_branches)
+
     def __init__(self, min_match: int, max_match: int, max_branches: int):
         self.min_match, self.max_match, self.max_branches = min_match, max_match, max_branches
         self.indexes: dict[int, NgramIndex] = {}  # request-table row -> its tokens' index

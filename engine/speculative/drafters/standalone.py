@@ -22,6 +22,10 @@ from eyas.engine.speculative.verify import Verified
 
 
 class StandaloneDrafter:
+    @classmethod
+    def from_parts(cls, parts) -> "StandaloneDrafter":
+        return cls(parts.head())
+
     def __init__(self, head: DraftHead):
         self.head = head
         self.computed: dict[int, int] = {}  # request-table row -> positions of its draft KV that are current

@@ -24,9 +24,18 @@ from eyas.engine.speculative.drafters.suffix_index import SuffixIndex
 from eyas.engine.speculative.tree import DraftTree, graft, root_only
 from eyas.engine.speculative.verify import Verified
 
+MAX_OCCURRENCES = 64  # newest occurrences of a key the index examines per lookup
+
 
 class SuffixDrafter:
     head = None  # no draft model
+
+    @classmethod
+    def from_parts(cls, parts) -> "SuffixDrafter":
+        spec = parts.spec  # the index keys on the n-gram lengths ngram_min_match..ngram_max_match
+        index = SuffixIndex(range(spec["ngram_min_match"], spec["ngram_max_match"] + 1), spec["suffix_max_match"],
+                            spec["suffix_max_tokens"], max_occurrences=MAX_OCCURRENCES)
+        return cls(index, spec["suffix_max_spec_factor"], spec["suffix_min_token_prob"])
 
     def __init__(self, index: SuffixIndex, max_spec_factor: float, min_token_prob: float):
         self.index = index
