@@ -8,6 +8,7 @@ ride in the same forward.
 import torch
 
 from eyas.engine.forward_batch import ForwardBatch, wants_exact
+from eyas.engine.phase_clock import PhaseClock, PhaseListener
 from eyas.engine.request import Request
 from eyas.engine.runner import ModelRunner
 from eyas.engine.sampling import Sampler, SamplingBatch
@@ -22,6 +23,7 @@ class DecodeWorker:
         self.graph = graph  # the decode GraphRunner (one new token per request); None: eager
         self.req_to_token = req_to_token
         self.sampler = sampler
+        self.phase_listeners: list[PhaseListener] = []  # hear each step's phases (a benchmark's timer)
 
     @torch.inference_mode()  # every tensor of a step is an inference tensor (graph runners see one kind)
     def step(self, requests: list[Request]) -> list[list[int]]:
@@ -34,7 +36,10 @@ class DecodeWorker:
             [r.num_computed for r in computed], self.req_to_token,
         )
         batch.exact = self.exact_logprobs and wants_exact(requests)
+        clock = PhaseClock(self.req_to_token.device, sync=False, listeners=self.phase_listeners)
         output = self.runner.forward(batch, graph=self.graph)
+        # a forward whose requests all extend by one token is a decode step; one that prefills is not
+        clock.lap("decode" if max(batch.extend_lens) == 1 else "prefill")
         if siblings.shared:
             siblings.copy_kv(requests, self.runner.kv_pool, self.req_to_token)
             output = siblings.expand(output, batch.extend_lens)
@@ -47,6 +52,7 @@ class DecodeWorker:
         logits = output.logits if len(done) == len(requests) else output.logits[done]
         tokens = self.sampler.next_tokens(logits, sampled, SamplingBatch.of_requests(sampled, logits.device)) \
             if sampled else []
+        clock.lap("sample")
         emitted = [[] for _ in requests]
         for i, token in zip(done, tokens):
             emitted[i] = [token]

@@ -9,17 +9,13 @@ token ids are equal and where they first differ, and the count of equal prompts.
 """
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from workloads import chat_messages, chat_prompts_for  # noqa: E402
-from eyas import SamplingParams, build_engine  # noqa: E402
-from eyas.engine.models.checkpoint_source import checkpoint_directory, gguf_source  # noqa: E402
-from eyas.launch.compose import compose_config  # noqa: E402
+from eyas import SamplingParams, build_engine
+from eyas.bench.workloads import chat_messages, chat_prompts_for
+from eyas.engine.models.checkpoint_source import checkpoint_directory, gguf_source
+from eyas.launch.compose import compose_config
 
 
 def main() -> None:

@@ -13,14 +13,10 @@ tokens/s. Exits 1 when any differ.
 import argparse
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from heldout import heldout_prompts  # noqa: E402
-
-from eyas import SamplingParams  # noqa: E402
-from bench_target import build_engine  # noqa: E402
+from eyas import SamplingParams
+from eyas.bench.target import build_engine
+from eyas.prompts.heldout import heldout_prompts
 
 REPRODUCIBLE = "speculative.verify=reproducible"
 CONFIGS = {

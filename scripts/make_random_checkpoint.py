@@ -7,12 +7,9 @@ Hugging Face would save. Random weights: the text it generates means nothing.
 """
 
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-from checkpoints import write_llama  # noqa: E402
+from eyas.testing.checkpoints import write_llama
 
 
 def main() -> None:

@@ -20,10 +20,10 @@ import ast
 import copy
 import json
 import os
+import queue
 import shutil
 import subprocess
 import sys
-import queue
 import tempfile
 import threading
 import time
@@ -165,7 +165,7 @@ def copy_repo(dest: Path) -> Path:
     """A copy of the repository in a folder named `eyas`: its parent first on PYTHONPATH makes the copy the
     package the tests import (the root is the package `eyas`)."""
     ignore = shutil.ignore_patterns(".git", "__pycache__", "*.egg-info", "outputs", "multirun", "runs",
-                                    "bench_peers_out", ".pytest_cache")
+                                    "bench_out", ".pytest_cache")
     shutil.copytree(REPO, dest, ignore=ignore)
     return dest
 

@@ -1,7 +1,6 @@
 import os
 import random
 import shutil
-import sys
 from pathlib import Path
 
 import torch
@@ -13,20 +12,18 @@ if not os.environ.get("TRITON_INTERPRET"):
 # measured weight layouts are kept per test run (every engine and server of the run packs alike), not
 # read from the user's cache
 if not os.environ.get("EYAS_CACHE_DIR"):
-    import atexit  # noqa: E402
-    import tempfile  # noqa: E402
+    import atexit
+    import tempfile
     os.environ["EYAS_CACHE_DIR"] = tempfile.mkdtemp(prefix="eyas-test-cache-")
     atexit.register(shutil.rmtree, os.environ["EYAS_CACHE_DIR"], ignore_errors=True)
 
-import pytest  # noqa: E402
+import pytest
+from support import build_engine
+from trained_heads import train_heads
 
-sys.path.insert(0, str(Path(__file__).parent))  # tests/checkpoints.py
-
-from checkpoints import write_llama  # noqa: E402
-from eyas import SamplingParams  # noqa: E402
-from eyas.engine.speculative.drafters.registry import ALGORITHMS, DRAFTERS, draft_kinds  # noqa: E402
-from support import build_engine  # noqa: E402
-from trained_heads import train_heads  # noqa: E402
+from eyas import SamplingParams
+from eyas.engine.speculative.drafters.registry import ALGORITHMS, DRAFTERS, draft_kinds
+from eyas.testing.checkpoints import write_llama
 
 PLAIN = ["speculative=none", "draft=none"]  # the default config speculates with the shipped heads
 

@@ -5,16 +5,15 @@ import time
 
 import pytest
 import torch
-from dependency_injector import providers
-
 from conftest import DRAFT_KIND, PROMPTS, engine_overrides
-from eyas.containers.build import build_container
-from support import compose_config
+from dependency_injector import providers
+from support import build_engine, compose_config
+
 from eyas import SamplingParams
-from support import build_engine
+from eyas.containers.build import build_container
+from eyas.engine.phase_clock import CATCH_UP_PHASE, HOST_PHASE
 from eyas.engine.request import Request
 from eyas.engine.speculative.candidate import Candidate
-from eyas.engine.speculative.phase_clock import CATCH_UP_PHASE, HOST_PHASE
 
 # unequal lengths: the batch shrinks 5 -> 1 as requests finish, crossing tiers
 PARAMS = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (90, 24, 44, 12, 52)]

@@ -4,6 +4,7 @@ import random
 
 import pytest
 
+from eyas.engine.phase_clock import CATCH_UP_PHASE
 from eyas.engine.speculative.adaptive.acceptance import AcceptanceModel
 from eyas.engine.speculative.adaptive.controller import AdaptiveController
 from eyas.engine.speculative.adaptive.ema import EmaPolicy
@@ -11,7 +12,6 @@ from eyas.engine.speculative.adaptive.throughput import (MIN_OWN_CYCLES, STALE_O
                                                    ThroughputPolicy)
 from eyas.engine.speculative.adaptive.tiers import Tier, build_tiers, tier_index
 from eyas.engine.speculative.candidate import Candidate
-from eyas.engine.speculative.phase_clock import CATCH_UP_PHASE
 
 C = Candidate
 

@@ -10,14 +10,14 @@ import random
 
 import pytest
 import torch
-
-from checkpoints import write_llama
-from eyas.containers.factories import batch_invariant_attention
-from eyas import ConfigError, SamplingParams
 from support import build_engine
+
+from eyas import ConfigError, SamplingParams
+from eyas.containers.factories import batch_invariant_attention
 from eyas.engine.attention.torch_native import TorchNativeBackend
 from eyas.engine.cache.kv_pool import PagedKVPool
 from eyas.engine.forward_batch import ForwardBatch
+from eyas.testing.checkpoints import write_llama
 
 PLAIN = ["speculative=none", "draft=none"]
 NGRAM = ["speculative=ngram", "adaptive=off"]

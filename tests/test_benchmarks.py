@@ -1,5 +1,7 @@
-"""The benchmark scripts run end to end as users run them (tiny settings; figures are not checked)."""
+"""`python -m eyas.bench` and the check scripts run end to end as users run them (tiny settings; figures are
+not checked), and every subcommand writes the one record format the report reads."""
 
+import importlib
 import json
 import math
 import subprocess
@@ -11,44 +13,61 @@ import pytest
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
 
-def run_script(name: str, *args: str) -> str:
-    done = subprocess.run([sys.executable, str(SCRIPTS / name), *args], capture_output=True, text=True, timeout=600)
+def run(command: list[str]) -> str:
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 
 
+def run_script(name: str, *args: str) -> str:
+    return run([sys.executable, str(SCRIPTS / name), *args])
+
+
+def run_bench(name: str, *args: str) -> str:
+    return run([sys.executable, "-m", "eyas.bench", name, *args])
+
+
+def read_record(out: Path, name: str) -> dict:
+    """The subcommand's record: its command, the host, a table and the full results."""
+    record = json.loads((out / f"{name}.json").read_text())
+    assert record["bench"] == name and record["command"].startswith(f"python -m eyas.bench {name} ")
+    assert record["host"]["cpu"] and record["host"]["cpus"] >= 1 and record["host"]["torch"]
+    assert record["table"] and all(isinstance(v, (int, float, str, bool, type(None)))
+                                   for row in record["table"] for v in row.values())
+    return record
+
+
 @pytest.mark.slow  # eyas's peer rows, every system built: about 13 s
 def test_bench_peers_eyas_rows(tmp_path):
-    out = run_script("bench_peers.py", "--systems", "eyas,eyas_spec,eyas_ngram,hf_lookup", "--batch-sizes", "1,2",
+    out = run_bench("peers", "--systems", "eyas,eyas_spec,eyas_ngram,hf_lookup", "--batch-sizes", "1,2",
                      "--max-new-tokens", "6", "--num-prompts", "2", "--rounds", "1", "--out", str(tmp_path))
     assert "| 2 | eyas EAGLE-3 k=3 |" in out and "| 2 | eyas n-gram |" in out
     assert "batch 1: eyas n-gram / transformers prompt lookup = " in out  # prompt lookup runs at batch 1 only
     assert "batch 2: eyas n-gram lookup and index update " in out
-    result = json.loads((tmp_path / "bench_peers.json").read_text())
+    result = read_record(tmp_path, "peers")["results"]
     rows = [r for r in result["rows"] if r["tok_s"] is not None]
     assert {(r["batch"], r["system"]) for r in rows} == {
         *((b, s) for b in (1, 2) for s in ("eyas plain", "eyas EAGLE-3 k=3", "eyas n-gram")), (1, "transformers prompt lookup")}
     assert [(r["batch"], r["peer"]) for r in result["peer_ratios"]] == [(1, "transformers prompt lookup")]
     # greedy speculative output equals plain decoding, row for row
     assert all(r["equal"].startswith(("reference", "4/4 rows identical", "2/2 rows identical")) for r in rows), rows
-    assert (tmp_path / "bench_peers.png").stat().st_size > 5000
+    assert (tmp_path / "peers.png").stat().st_size > 5000
 
 
 @pytest.mark.slow
 def test_bench_peers_on_a_repeated_workload_reports_the_default_against_fixed_drafters(tmp_path):
-    out = run_script("bench_peers.py", "--workload", "repeated", "--systems", "eyas,eyas_adaptive,eyas_suffix,eyas_k2",
+    out = run_bench("peers", "--workload", "repeated", "--systems", "eyas,eyas_adaptive,eyas_suffix,eyas_k2",
                      "--eyas", "chains=adaptive.tiers=[{batch_size:1,candidates:[1,2,3]}]", "--batch-sizes", "1",
                      "--max-new-tokens", "6", "--num-prompts", "3", "--rounds", "1", "--out", str(tmp_path))
     assert "workload repeated;" in out and "| 1 | eyas suffix |" in out and "| 1 | eyas chains |" in out
     assert "batch 1: eyas adaptive (default) chose " in out  # the candidates it ran, by share of cycles
     assert "batch 1: the default / the fastest fixed configuration (" in out
-    rows = json.loads((tmp_path / "bench_peers.json").read_text())["rows"]
+    rows = read_record(tmp_path, "peers")["results"]["rows"]
     assert all(r["equal"].startswith(("reference", "3/3 rows identical")) for r in rows), rows
 
 
 def test_workloads_are_distinct_prompts_and_repeated_ones_follow_their_originals():
-    sys.path.insert(0, str(SCRIPTS))
-    from workloads import REPEATS, WORKLOADS, workload_prompts
+    from eyas.bench.workloads import REPEATS, WORKLOADS, workload_prompts
 
     for name in WORKLOADS:
         prompts = workload_prompts(name, 9)
@@ -68,12 +87,12 @@ def test_workloads_are_distinct_prompts_and_repeated_ones_follow_their_originals
 @pytest.mark.slow
 def test_bench_quant_times_every_format_and_reports_quality(tmp_path):
     # CTranslate2 is a [bench] extra, not installed with the tests: its row is left out here
-    out = run_script("bench_quant.py", "--systems", "float32,bfloat16,int8,int4,int8_ngram", "--layers", "2",
+    out = run_bench("quant", "--systems", "float32,bfloat16,int8,int4,int8_ngram", "--layers", "2",
                      "--hidden-size", "128", "--intermediate-size", "256", "--heads", "4", "--kv-heads", "2",
                      "--max-new-tokens", "6", "--num-prompts", "1", "--rounds", "1", "--loss-windows", "4",
                      "--quality-prompts", "2", "--out", str(tmp_path))
     assert "| 1 | eyas int8 |" in out and "| int4 |" in out
-    result = json.loads((tmp_path / "bench_quant.json").read_text())
+    result = read_record(tmp_path, "quant")["results"]
     speed = {r["system"]: r for r in result["speed"]}
     assert set(speed) == {"eyas float32", "eyas bfloat16 (fp16 weights)", "eyas int8", "eyas int4 (group 128)",
                           "eyas int8, n-gram drafter"}
@@ -88,9 +107,9 @@ def test_bench_quant_times_every_format_and_reports_quality(tmp_path):
 
 @pytest.mark.slow  # every config twice: about 6 s
 def test_bench_sampled_runs_every_config_in_both_verify_modes(tmp_path):
-    out = run_script("bench_sampled.py", "--batch-sizes", "2", "--configs", "k=2,ngram", "--num-prompts", "2",
-                     "--max-new-tokens", "6", "--json", str(tmp_path / "sampled.json"))
-    result = json.loads((tmp_path / "sampled.json").read_text())["batch 2, T=0.8"]
+    out = run_bench("sampled", "--batch-sizes", "2", "--configs", "k=2,ngram", "--num-prompts", "2",
+                     "--max-new-tokens", "6", "--out", str(tmp_path))
+    result = read_record(tmp_path, "sampled")["results"]["batch 2, T=0.8"]
     assert set(result) == {"plain", "k=2 reproducible", "k=2 rejection", "ngram reproducible", "ngram rejection"}
     # the reproducible mode's seeded output is plain decoding's
     assert result["k=2 reproducible"]["same_as_plain"] and result["ngram reproducible"]["same_as_plain"]
@@ -98,22 +117,22 @@ def test_bench_sampled_runs_every_config_in_both_verify_modes(tmp_path):
 
 
 def test_bench_spec_reports_the_cost_of_a_sampled_position(tmp_path):
-    out = run_script("bench_spec.py", "--ks", "2", "--trees", "", "--num-prompts", "2", "--max-new-tokens", "8",
-                     "--temperature", "0.8", "--top-p", "0.95", "--json", str(tmp_path / "spec.json"))
+    out = run_bench("spec", "--ks", "2", "--trees", "", "--num-prompts", "2", "--max-new-tokens", "8",
+                     "--temperature", "0.8", "--top-p", "0.95", "--out", str(tmp_path))
     assert "choosing tokens, per position (logits row), sampled vs greedy" in out
-    result = json.loads((tmp_path / "spec.json").read_text())
+    result = read_record(tmp_path, "spec")["results"]
     row = result["rows"][0]
     assert row["t_choice_sampled"] > 0 and row["t_choice_greedy"] > 0 and result["plain_choice_sampled"] > 0
 
 
 @pytest.mark.slow
 def test_bench_spec_prints_phase_floors(tmp_path):
-    out = run_script("bench_spec.py", "--ks", "2", "--trees", "3:2:5", "--num-prompts", "2", "--max-new-tokens", "8",
-                     "--json", str(tmp_path / "spec.json"), "--plot", str(tmp_path / "spec.png"))
+    out = run_bench("spec", "--ks", "2", "--trees", "3:2:5", "--num-prompts", "2", "--max-new-tokens", "8",
+                     "--out", str(tmp_path), "--plot", str(tmp_path / "spec.png"))
     assert "floors (GEMMs of the phase alone" in out
     assert "trees against the fastest chain (k=2" in out and "3x2/5: tokens/s x" in out
     assert (tmp_path / "spec.png").stat().st_size > 5000
-    result = json.loads((tmp_path / "spec.json").read_text())
+    result = read_record(tmp_path, "spec")["results"]
     assert [(r["k"], r["topk"], r["nodes"]) for r in result["rows"]] == [(2, 1, 3), (3, 2, 5)]
     # every phase recorded GEMMs to replay (no values compared: times belong to the printed table)
     for row in result["rows"]:
@@ -124,10 +143,10 @@ def test_bench_spec_prints_phase_floors(tmp_path):
 
 @pytest.mark.slow  # compiles the target's and the head's graphs: a minute or more on a cold cache
 def test_bench_spec_prints_each_phase_eager_and_graphed(tmp_path):
-    out = run_script("bench_spec.py", "--ks", "2", "--trees", "", "--num-prompts", "2", "--max-new-tokens", "8",
-                     "--graphs", "--json", str(tmp_path / "spec.json"))
+    out = run_bench("spec", "--ks", "2", "--trees", "", "--num-prompts", "2", "--max-new-tokens", "8",
+                     "--graphs", "--out", str(tmp_path))
     assert "eager vs graphed (graphs.mode=compile), per phase" in out
-    result = json.loads((tmp_path / "spec.json").read_text())
+    result = read_record(tmp_path, "spec")["results"]
     graphed = result["graphed"]
     assert graphed["plain_tokens_per_s"] > 0 and math.isfinite(graphed["t_decode"])
     (row,) = graphed["rows"]
@@ -156,10 +175,10 @@ def test_mutation_run_lists_its_mutants():
 
 @pytest.mark.slow
 def test_bench_adaptive_charts_the_choices(tmp_path):
-    out = run_script("bench_adaptive.py", "--batch-sizes", "1", "--num-prompts", "2", "--max-new-tokens", "6",
-                     "--json", str(tmp_path / "adaptive.json"), "--plot", str(tmp_path / "adaptive.png"))
+    out = run_bench("adaptive", "--batch-sizes", "1", "--num-prompts", "2", "--max-new-tokens", "6",
+                     "--out", str(tmp_path), "--plot", str(tmp_path / "adaptive.png"))
     assert "throughput" in out
-    rows = json.loads((tmp_path / "adaptive.json").read_text())["1"]["rows"]
+    rows = read_record(tmp_path, "adaptive")["results"]["1"]["rows"]
     choices = rows["throughput"]["choices"]
     assert choices and sum(n for _, n in choices) == rows["throughput"]["wave_ends"][-1]
     assert not rows["k=3"]["choices"] and len(rows["k=3"]["wave_speeds"]) == len(rows["throughput"]["wave_ends"]) == 4
@@ -168,9 +187,9 @@ def test_bench_adaptive_charts_the_choices(tmp_path):
 
 @pytest.mark.slow  # waves of both workloads: about 8 s
 def test_bench_adaptive_alternates_code_and_prose_wave_by_wave(tmp_path):
-    out = run_script("bench_adaptive.py", "--batch-sizes", "1", "--num-prompts", "4", "--max-new-tokens", "4",
-                     "--alternate", "wave", "--json", str(tmp_path / "adaptive.json"))
-    result = json.loads((tmp_path / "adaptive.json").read_text())["1"]
+    out = run_bench("adaptive", "--batch-sizes", "1", "--num-prompts", "4", "--max-new-tokens", "4",
+                     "--alternate", "wave", "--out", str(tmp_path))
+    result = read_record(tmp_path, "adaptive")["results"]["1"]
     rows, ceiling = result["rows"], result["per_wave_ceiling"]
     assert all(set(r["by_kind"]) == {"code", "prose"} for r in rows.values())
     fixed = {n: r for n, r in rows.items() if n == "plain" or n.startswith("k=")}
@@ -181,9 +200,8 @@ def test_bench_adaptive_alternates_code_and_prose_wave_by_wave(tmp_path):
     assert "ceiling of a setting chosen per wave:" in out and "code and prose alternating wave by wave" in out
 
 
-def test_bench_adaptive_workload_alternates_prompts_or_waves(monkeypatch):
-    monkeypatch.syspath_prepend(str(SCRIPTS))
-    from bench_adaptive import workload
+def test_bench_adaptive_workload_alternates_prompts_or_waves():
+    from eyas.bench.adaptive import workload
 
     by_wave = workload(8, 2, "wave")
     assert [kind for kind, _ in by_wave] == ["code", "prose", "code", "prose"]
@@ -197,9 +215,9 @@ def test_bench_adaptive_workload_alternates_prompts_or_waves(monkeypatch):
 @pytest.mark.slow  # two servers start: about 40 s
 def test_bench_serve_compares_both_servers(tmp_path):
     plot = tmp_path / "serve.png"
-    out = run_script("bench_serve.py", "--rates", "8,inf", "--num-requests", "4", "--max-tokens", "8",
+    out = run_bench("serve", "--rates", "8,inf", "--num-requests", "4", "--max-tokens", "8",
                      "--out", str(tmp_path), "--plot", str(plot))
-    rows = json.loads((tmp_path / "bench_serve.json").read_text())["rows"]
+    rows = read_record(tmp_path, "serve")["results"]["rows"]
     assert {(r["rate"], r["system"]) for r in rows} == {(rate, s) for rate in ("8", "inf") for s in ("eyas", "transformers")}
     assert all(r["tokens"] > 0 and r["tok_s"] > 0 for r in rows)
     assert "| inf | eyas |" in out and plot.stat().st_size > 5000
@@ -207,18 +225,18 @@ def test_bench_serve_compares_both_servers(tmp_path):
 
 @pytest.mark.slow  # grammars compiled per engine: about 8 s
 def test_bench_structured_compares_masked_and_unmasked_drafts(tmp_path):
-    out = run_script("bench_structured.py", "--configs", "k=3", "--num-prompts", "2", "--json", str(tmp_path / "s.json"))
-    rows = json.loads((tmp_path / "s.json").read_text())["batch 1"]
+    out = run_bench("structured", "--configs", "k=3", "--num-prompts", "2", "--out", str(tmp_path))
+    rows = read_record(tmp_path, "structured")["results"]["batch 1"]
     assert set(rows) == {"plain", "k=3 mask_drafts=true", "k=3 mask_drafts=false"}
     assert all(r["valid"] == r["outputs"] == 2 for r in rows.values())  # every record validates
     assert rows["k=3 mask_drafts=true"]["same_as_plain"] and rows["k=3 mask_drafts=false"]["same_as_plain"]
     assert rows["k=3 mask_drafts=true"]["tau"] >= rows["k=3 mask_drafts=false"]["tau"] and "valid outputs" in out
-    cost = run_script("bench_structured.py", "--mask-cost")
+    cost = run_bench("structured", "--mask-cost")
     assert "llguidance:" in cost and "median" in cost
 
 
-def test_bench_layouts_times_every_float32_layout():
-    out = run_script("bench_layouts.py", "--rows", "1,7", "--rounds", "1")
+def test_bench_layouts_times_every_float32_layout(tmp_path):
+    out = run_bench("layouts", "--rows", "1,7", "--rounds", "1", "--out", str(tmp_path))
     assert out.startswith("49 fused projections, ")
     for rows in (1, 7):
         line = next(line for line in out.splitlines() if line.startswith(f"rows {rows:3d}: "))
@@ -226,3 +244,30 @@ def test_bench_layouts_times_every_float32_layout():
         assert {"transposed", "linear", "blocked"} <= set(timed) and timed["transposed"].endswith("(1.00x)")
         assert all(float(v.split(" ms")[0]) > 0 for v in timed.values())  # every layout ran and was timed
         assert "OUTPUTS DIFFER" not in line
+    table = read_record(tmp_path, "layouts")["table"]
+    assert {(r["rows"], r["layout"]) for r in table} >= {(rows, "transposed") for rows in (1, 7)}
+    assert all(r["outputs_agree"] and r["ms"] > 0 for r in table)
+    # the report module reads the record: one section with the command, the host and the table
+    from eyas.engine.report import write_report
+
+    report = write_report(tmp_path, charts=False).read_text()
+    assert "## python -m eyas.bench layouts --rows 1,7 --rounds 1 --out " in report
+    assert "| 7 | transposed |" in report and read_record(tmp_path, "layouts")["host"]["cpu"] in report
+
+
+def test_the_bench_tool_lists_its_subcommands_and_names_the_allowed_ones(capsys):
+    listing = run([sys.executable, "-m", "eyas.bench", "--help"])
+    from eyas.bench.__main__ import SUBCOMMANDS
+
+    assert list(SUBCOMMANDS) == ["decode", "spec", "adaptive", "sampled", "structured", "prefix", "serve", "peers",
+                                 "quant", "layouts"]
+    assert all(f"  {name} " in listing for name in SUBCOMMANDS)
+    done = subprocess.run([sys.executable, "-m", "eyas.bench", "specs"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "unknown subcommand 'specs'; allowed: decode, spec, adaptive" in done.stderr
+    # every subcommand is a module with main(argv) and --out, documented under its own prog name
+    for name in SUBCOMMANDS:
+        with pytest.raises(SystemExit) as exited:
+            importlib.import_module(f"eyas.bench.{name}").main(["--help"])
+        usage = capsys.readouterr().out
+        assert exited.value.code == 0 and usage.startswith(f"usage: python -m eyas.bench {name} "), name
+        assert "--out OUT" in usage, name

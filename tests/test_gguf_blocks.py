@@ -10,10 +10,11 @@ import sys
 
 import pytest
 import torch
-
-from checkpoints import write_eagle3_head
 from conftest import PLAIN, engine_overrides, fixture_dir, random_requests_match_plain
+from gguf_fixtures import BOS, cache_root, gguf_cache, write_gguf  # noqa: F401 (fixtures)
 from support import build_engine
+from test_gguf import dense_logits, gguf_model, one_thread  # noqa: F401 (fixtures)
+
 from eyas.engine.cpu_ops import cpu_ops_error
 from eyas.engine.errors import ConfigError
 from eyas.engine.models.checkpoint_source import checkpoint_directory
@@ -22,8 +23,7 @@ from eyas.engine.models.gguf_file import Blocks
 from eyas.engine.models.loader import load_model
 from eyas.engine.tokenizer import Tokenizer
 from eyas.kernels import cpu_gemm, cpu_int8_dot_gemm, cpu_quant_gemm
-from gguf_fixtures import BOS, cache_root, gguf_cache, write_gguf  # noqa: F401 (fixtures)
-from test_gguf import dense_logits, gguf_model, one_thread  # noqa: F401 (fixtures)
+from eyas.testing.checkpoints import write_eagle3_head
 
 pytest.importorskip("gguf")
 if cpu_ops_error() is not None:

@@ -10,14 +10,14 @@ import urllib.error
 import urllib.request
 
 import pytest
-
-from checkpoints import write_eagle3_head
 from conftest import engine_overrides, fixture_dir, random_requests_match_plain
+from gguf_fixtures import cache_root, gguf_cache, write_gguf  # noqa: F401 (fixtures)
+from server_process import ServerProcess
+
 from eyas.engine.chat_template import model_chat_template
 from eyas.engine.models.checkpoint_source import checkpoint_directory
 from eyas.engine.tokenizer import Tokenizer
-from gguf_fixtures import cache_root, gguf_cache, write_gguf  # noqa: F401 (fixtures)
-from server_process import ServerProcess
+from eyas.testing.checkpoints import write_eagle3_head
 
 pytest.importorskip("gguf")
 

@@ -9,12 +9,12 @@ import logging
 
 import pytest
 import torch
-
-from checkpoints import write_llama
 from conftest import CHECKPOINTS, PROMPTS, engine_overrides
-from eyas import SamplingParams
 from support import build_engine
+
+from eyas import SamplingParams
 from eyas.engine.graphs.exported import ExportedForward
+from eyas.testing.checkpoints import write_llama
 
 GREEDY = SamplingParams(max_new_tokens=12, ignore_eos=True)
 SAMPLED = SamplingParams(max_new_tokens=12, ignore_eos=True, temperature=0.8, top_p=0.9, seed=7)

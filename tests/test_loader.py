@@ -5,13 +5,13 @@ import shutil
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
-
-from checkpoints import write_llama
-from eyas import CheckpointError, ConfigError, SamplingParams
-from support import build_engine
-from eyas.engine.models.loader import load_model
 from conftest import PLAIN
+from safetensors.torch import load_file, save_file
+from support import build_engine
+
+from eyas import CheckpointError, ConfigError, SamplingParams
+from eyas.engine.models.loader import load_model
+from eyas.testing.checkpoints import write_llama
 
 
 def copy_checkpoint(src, dst):
@@ -137,8 +137,8 @@ def test_eos_ids_from_generation_config(gqa_checkpoint, tmp_path):
 
 
 def test_published_head_layouts_load(spec_pair, tmp_path):
-    from checkpoints import write_eagle3_head, write_eagle_head
     from eyas.engine.models.draft_loader import load_draft
+    from eyas.testing.checkpoints import write_eagle3_head, write_eagle_head
 
     target_dir, _ = spec_pair
     target = load_model(target_dir)
@@ -157,8 +157,9 @@ def test_published_head_layouts_load(spec_pair, tmp_path):
     ("eagle3", dict(vocab_size=999), "vocab_size"),
 ])
 def test_head_that_does_not_fit_the_target_fails_at_build(spec_pair, tmp_path, kind, change, field):
-    from checkpoints import write_eagle3_head, write_eagle_head
     from conftest import engine_overrides
+
+    from eyas.testing.checkpoints import write_eagle3_head, write_eagle_head
 
     target_dir, _ = spec_pair
     writer = write_eagle_head if kind == "eagle" else write_eagle3_head
@@ -214,8 +215,8 @@ def test_broken_engine_build_names_the_checkpoint(gqa_checkpoint, tmp_path):
 
 @pytest.mark.parametrize("fmt", ["bin", "safetensors"])
 def test_truncated_head_names_the_file(spec_pair, tmp_path, fmt):
-    from checkpoints import write_eagle3_head
     from eyas.engine.models.draft_loader import load_draft
+    from eyas.testing.checkpoints import write_eagle3_head
 
     target_dir, _ = spec_pair
     head = write_eagle3_head(tmp_path / "e3", target_dir, fmt=fmt)
@@ -233,8 +234,8 @@ def test_truncated_head_names_the_file(spec_pair, tmp_path, fmt):
     (lambda t: t.__setitem__("t2d", t["t2d"].long()), r"'t2d' has dtype torch.int64, expected a bool dtype"),
 ])
 def test_broken_head_tensors_are_named(spec_pair, tmp_path, edit, match):
-    from checkpoints import write_eagle3_head
     from eyas.engine.models.draft_loader import load_draft
+    from eyas.testing.checkpoints import write_eagle3_head
 
     target_dir, _ = spec_pair
     head = write_eagle3_head(tmp_path / "e3", target_dir, fmt="safetensors", draft_vocab_size=100)
@@ -248,7 +249,7 @@ def test_broken_head_tensors_are_named(spec_pair, tmp_path, edit, match):
     ((0, 1, 5), r"eagle_aux_hidden_state_layer_ids \[0, 1, 5\] must be 3 target layer ids in \[0, 2\)"),
 ])
 def test_eagle3_head_on_a_shallow_target_names_its_aux_layers(tmp_path, aux, message):
-    from checkpoints import write_eagle3_head
+    from eyas.testing.checkpoints import write_eagle3_head
 
     target = write_llama(tmp_path / "t", num_layers=2, with_tokenizer=False)
     head = write_eagle3_head(tmp_path / "e3", target, aux_layer_ids=aux)

@@ -3,15 +3,15 @@ test_oracle.py): config fields are read as transformers reads them, what the eng
 refused, the Triton backend runs them, and EAGLE heads over a Qwen3 target are lossless."""
 
 import pytest
-
-from checkpoints import write_llama
 from conftest import PLAIN, engine_overrides
+from support import build_engine
 from test_loader import copy_checkpoint, edit_config
 from test_oracle import ORACLE_PROMPTS, hf_greedy, hf_model
+
 from eyas import CheckpointError, ConfigError, SamplingParams
-from support import build_engine
 from eyas.engine.models.config import load_model_config
 from eyas.engine.models.loader import load_model
+from eyas.testing.checkpoints import write_llama
 
 FAMILY_CHECKPOINTS = ["qwen2", "qwen3", "mistral"]
 

@@ -5,13 +5,13 @@ import json
 import os
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
-CODE_FOLDERS = ("engine", "containers", "launch", "kernels")
+CODE_FOLDERS = ("engine", "containers", "launch", "kernels", "bench", "prompts", "testing")
 
 
 def test_every_source_package_is_listed_in_pyproject():

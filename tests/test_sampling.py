@@ -2,11 +2,11 @@
 
 import pytest
 import torch
-
-from checkpoints import write_llama
-from eyas import SamplingParams
-from support import build_engine
 from conftest import PLAIN
+from support import build_engine
+
+from eyas import SamplingParams
+from eyas.testing.checkpoints import write_llama
 
 
 def test_seeded_request_same_alone_and_in_batch(gqa_checkpoint):

@@ -5,13 +5,13 @@ import itertools
 
 import pytest
 import torch
-
-from checkpoints import write_eagle3_head, write_eagle_head, write_llama
 from conftest import engine_overrides
-from eyas import SamplingParams
 from support import build_engine
 from test_logits_processing import reference_processed
 from test_sampling import chi_square_p_value, reference_probs
+
+from eyas import SamplingParams
+from eyas.testing.checkpoints import write_eagle3_head, write_eagle_head, write_llama
 
 PROMPT = [0, 3, 9, 4, 12]
 NUM_SAMPLES = 3000

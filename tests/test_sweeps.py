@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import PLAIN
+from support import compose_config
+from test_cli import run_cli
 
 from eyas import ConfigError
 from eyas.engine.config import prepare
-from eyas.launch.best_overrides import best_overrides_line
-from support import compose_config
 from eyas.engine.report import collect_runs, swept_keys, write_report
-from conftest import PLAIN
-from test_cli import run_cli
+from eyas.launch.best_overrides import best_overrides_line
 
 TINY = "sampling.max_new_tokens=3"
 
@@ -153,4 +153,4 @@ def test_report_errors_name_the_directory(tmp_path):
     proc = run_cli(str(tmp_path / "nope"), cwd=tmp_path, module="eyas.engine.report")
     assert proc.returncode == 2 and "no such directory" in proc.stderr
     proc = run_cli(str(tmp_path), cwd=tmp_path, module="eyas.engine.report")
-    assert proc.returncode == 2 and f"no outputs.json under {tmp_path}" in proc.stderr
+    assert proc.returncode == 2 and f"no outputs.json and no benchmark record under {tmp_path}" in proc.stderr

@@ -4,7 +4,7 @@ Each layer writes the new tokens' K/V into its own pool tensor in place (`index_
 attends every request's context by slot ([B, C] slots from the request-to-token table) under the mask
 the forward built once for all layers. A float32 pool on a CPU is read in place by eyas's paged
 attention op (`kernels/cpu_attention.py`); otherwise the context is gathered by slot and SDPA runs over
-it, the compiler fusing the gathers and the mask into its own kernels (1.2x over eager here).
+it, the compiler fusing the gathers and the mask into its own kernels.
 """
 
 import torch

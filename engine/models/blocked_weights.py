@@ -2,11 +2,10 @@
 
 Why: a decode, verify or draft step multiplies a few rows by every weight, so it is bound by reading
 the weights once, and every thread should read its share. MKL's one-row GEMV runs on one thread, its
-GEMM of a few rows packs the weight again on every call, and oneDNN's reaches about half the memory
+GEMM of a few rows packs the weight again on every call, and oneDNN's falls well short of the memory
 bandwidth here. `kernels/cpu_gemm.cpp` reads a weight packed once at load, splits its column blocks
-across the threads and adds the bias and residual as it stores. Measured on the shipped target's 49
-fused projections read from memory (`scripts/bench_layouts.py`, 2-core AMD EPYC with AVX2): 1.66x
-MKL over `transposed` weights at 1 row, 2.36x at 4, 1.90x at 8, 1.75x at 17, 1.32x at 64.
+across the threads and adds the bias and residual as it stores (`python -m eyas.bench layouts` times
+it against the other layouts; README, Weights, has the figures and their host).
 
 Each output is one FMA chain over the input features in order, so a row computes to the same bits in
 any batch: verify rows equal decode rows, and exact forwards need no row loop. The kernel is compiled

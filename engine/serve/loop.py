@@ -1,9 +1,8 @@
 """The engine loop: one thread owns the engine and never waits on a client.
 
 The server runs the loop on the main thread, the thread that built the engine, and HTTP on another:
-torch's CPU kernels run about 2x slower here from a thread other than the one that first ran them
-(measured: a 1x512 @ 512x2048 matmul, 2 OpenMP threads). `start()` runs it on a thread of its own
-instead, for in-process use.
+torch's CPU kernels run slower from a thread other than the one that first ran them (OpenMP's
+thread pool belongs to that thread). `start()` runs it on a thread of its own instead, for in-process use.
 
 HTTP handlers hand it `Stream`s through a thread-safe inbox. Between engine iterations the loop
 takes in new requests (they join the running batch: continuous batching), aborts the ones whose

@@ -20,15 +20,15 @@ import time
 import torch
 
 from eyas.engine.forward_batch import ForwardBatch, wants_exact
+from eyas.engine.phase_clock import CATCH_UP_PHASE, PhaseClock, PhaseListener
 from eyas.engine.request import Request
 from eyas.engine.runner import ModelRunner
 from eyas.engine.sampling import Sampler, SamplingBatch
 from eyas.engine.shared_prefill import Siblings
+from eyas.engine.spec_metrics import SpecCounters
 from eyas.engine.speculative.bindings import bind_runtime_state
 from eyas.engine.speculative.commit import commit
 from eyas.engine.speculative.drafters.base import Drafter
-from eyas.engine.spec_metrics import SpecCounters
-from eyas.engine.speculative.phase_clock import CATCH_UP_PHASE, PhaseClock
 from eyas.engine.speculative.state import SpecRuntimeState
 from eyas.engine.speculative.verify import TargetVerifier, Verified
 
@@ -49,6 +49,7 @@ class SpeculativeWorker:
         self.controller = None
         self.state: SpecRuntimeState | None = None  # bound by bind_runtime_state
         self._decode_end: float | None = None  # when the last iteration ended (None: a prefill ran since)
+        self.phase_listeners: list[PhaseListener] = []  # hear each decode iteration's phases (a benchmark's timer)
         bind_runtime_state(self, initial_state)
 
     def apply_runtime_state(self, state: SpecRuntimeState) -> bool:
@@ -118,15 +119,16 @@ class SpeculativeWorker:
         sampled = 2 * sum(not r.params.greedy for r in requests) > len(requests)  # most requests sample
         if self.controller is not None:
             self.apply_runtime_state(self.candidate_states[self.controller.choose(len(requests), sampled)])
-        clock = PhaseClock(self.req_to_token.device, sync=self.controller is not None and self.controller.needs_timings)
+        clock = PhaseClock(self.req_to_token.device, sync=self.controller is not None and self.controller.needs_timings,
+                           listeners=self.phase_listeners)
         self.drafter.prepare(requests, self.state)
         clock.lap(CATCH_UP_PHASE)
         verified = self.iterate(requests, clock)
         for request, tokens, reach in zip(requests, verified.emitted, verified.reach):
             self.counters.record(reach, len(tokens))
             request.spec_counters.record(reach, len(tokens))
+        clock.add_gap(self._decode_end)
         if self.controller is not None:
-            clock.add_gap(self._decode_end)
             self.controller.observe(len(requests), self.state.candidate, [len(e) - 1 for e in verified.emitted],
                                     clock.times, sampled)
         self._decode_end = time.perf_counter()

@@ -1,6 +1,6 @@
 """Grammars from a request's `structured_output`, compiled by llguidance over the model's tokenizer.
 
-llguidance, measured against xgrammar on this CPU (`scripts/bench_structured.py --mask-cost`): both
+llguidance, measured against xgrammar on this CPU (`python -m eyas.bench structured --mask-cost`): both
 compute a 4096-token mask in tens of microseconds, far below a decode step; llguidance needs no other
 package (xgrammar brings transformers), and its matcher validates a run of drafts and rolls back, what
 verification needs. It is the optional extra `structured`.

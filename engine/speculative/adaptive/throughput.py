@@ -26,13 +26,12 @@ neighbour's cost, or another candidate's acceptance on the current text. The sta
 the engine: later `generate` calls start from what earlier ones measured.
 """
 
+from eyas.engine.phase_clock import CATCH_UP_PHASE
 from eyas.engine.speculative.adaptive.acceptance import AcceptanceModel
 from eyas.engine.speculative.adaptive.cycle_cost import CycleCostModel
 from eyas.engine.speculative.adaptive.settling_average import SettlingAverage
 from eyas.engine.speculative.adaptive.tiers import chains_of, others_of
 from eyas.engine.speculative.candidate import Candidate
-from eyas.engine.speculative.phase_clock import CATCH_UP_PHASE
-
 
 PROBE_MARGIN = 0.1  # probe a candidate estimated at >= (1 - margin) x the best rate
 SWITCH_MARGIN = 0.03  # a candidate becomes the best when estimated at > (1 + margin) x the best's rate

@@ -1,6 +1,8 @@
-"""Wall time of each phase of one speculative iteration, for adaptive speculation's cost model."""
+"""Wall time of each phase of one decode iteration: adaptive speculation's cost model reads it, and
+listeners (a benchmark's phase timer) hear each lap as it ends."""
 
 import time
+from typing import Protocol
 
 import torch
 
@@ -12,12 +14,23 @@ CATCH_UP_PHASE = "catch_up"
 HOST_PHASE = "host"
 
 
-class PhaseClock:
-    """Seconds per phase of one iteration (synchronised on CUDA when `sync`)."""
+class PhaseListener(Protocol):
+    def start(self) -> None:
+        """An iteration starts: work done since the last lap belongs to no phase."""
 
-    def __init__(self, device: torch.device, sync: bool):
-        self.cuda = sync and torch.device(device).type == "cuda"
+    def lap(self, phase: str, seconds: float) -> None:
+        """`phase` ended, `seconds` after the previous lap (or the start)."""
+
+
+class PhaseClock:
+    """Seconds per phase of one iteration (synchronised on CUDA when `sync` or when anyone listens)."""
+
+    def __init__(self, device: torch.device, sync: bool, listeners: list[PhaseListener] = ()):
+        self.listeners = listeners
+        self.cuda = (sync or bool(listeners)) and torch.device(device).type == "cuda"
         self.times: dict[str, float] = {}
+        for listener in listeners:
+            listener.start()
         self._last = self.started = self._now()
 
     def _now(self) -> float:
@@ -32,8 +45,12 @@ class PhaseClock:
             gap = self.started - since
             if 0 <= gap <= sum(self.times.values()):
                 self.times[HOST_PHASE] = gap
+                for listener in self.listeners:
+                    listener.lap(HOST_PHASE, gap)
 
     def lap(self, phase: str) -> None:
         now = self._now()
         self.times[phase] = now - self._last
         self._last = now
+        for listener in self.listeners:
+            listener.lap(phase, self.times[phase])

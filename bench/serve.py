@@ -15,8 +15,8 @@ alternates from rate to rate. Per server and rate it reports:
   tokens in one chunk, so eyas has fewer, longer gaps than one-token-per-chunk servers);
 - how many greedy texts equal the other server's for the same prompt.
 
-    python scripts/bench_serve.py                       # rates 2, 8, 32, inf; 64 requests of 128 tokens
-    python scripts/bench_serve.py --rates 2,inf --num-requests 16 --max-tokens 32 --plot bench_serve.png
+    python -m eyas.bench serve                       # rates 2, 8, 32, inf; 64 requests of 128 tokens
+    python -m eyas.bench serve --rates 2,inf --num-requests 16 --max-tokens 32 --plot bench_serve.png
 
 Needs `pip install '.[serve,bench]'` (fastapi, uvicorn and accelerate for `transformers serve`, the
 `openai` client).
@@ -35,27 +35,25 @@ import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_target import bench_overrides  # noqa: E402
-from heldout import heldout_prompts  # noqa: E402
-
-from eyas.engine.assets import asset_path  # noqa: E402
-from eyas.engine.report.figures import pyplot, save  # noqa: E402
+from eyas.bench.record import add_out_argument, scalars, write_record
+from eyas.bench.target import bench_overrides
+from eyas.engine.assets import asset_path
+from eyas.engine.report.figures import pyplot, save
+from eyas.prompts.heldout import heldout_prompts
 
 SYSTEMS = ("eyas", "transformers")
 
 
-def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m eyas.bench serve", description=__doc__.split("\n\n")[0])
     p.add_argument("--rates", default="2,8,32,inf", help="requests per second, comma-separated; inf: all at once")
     p.add_argument("--num-requests", type=int, default=64)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--seed", type=int, default=0, help="seeds the arrival times")
     p.add_argument("--eyas-overrides", default="", help="extra `key=value` overrides for python -m eyas.launch.serve")
-    p.add_argument("--out", type=Path, default=Path("bench_serve_out"), help="where bench_serve.json goes")
+    add_out_argument(p, "serve")
     p.add_argument("--plot", type=Path, default=None, help="also chart throughput, TTFT and TPOT against the rate")
-    return p.parse_args()
+    return p.parse_args(argv)
 
 
 def free_port() -> int:
@@ -194,8 +192,8 @@ def plot(rows: list[dict], path: Path) -> Path:
     return save(fig, path)
 
 
-def main() -> None:
-    args = parse_args()
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     rates = [float(r) for r in args.rates.split(",")]
     prompts = heldout_prompts(args.num_requests)
     rng = random.Random(args.seed)
@@ -225,10 +223,7 @@ def main() -> None:
                 server.stop()
     print_table(rows)
     print("\nRatios were measured in this run, on this machine; they do not transfer to other hardware.")
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bench_serve.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                                           "rows": rows}, indent=2))
-    print(f"wrote {args.out / 'bench_serve.json'}")
+    write_record(args.out, "serve", argv, [scalars(r) for r in rows], {"rows": rows})
     if args.plot is not None:
         print(f"wrote {plot(rows, args.plot)}")
 

@@ -1,7 +1,7 @@
 """Adaptive speculation vs every fixed step count vs plain decoding, on a mixed workload.
 
-    python scripts/bench_adaptive.py                        # shipped EAGLE-3, batch sizes 1, 4, 16
-    python scripts/bench_adaptive.py --batch-sizes 4 --rounds 2 --max-new-tokens 96 --plot adaptive.png
+    python -m eyas.bench adaptive                        # shipped EAGLE-3, batch sizes 1, 4, 16
+    python -m eyas.bench adaptive --batch-sizes 4 --rounds 2 --max-new-tokens 96 --plot adaptive.png
 
 The workload alternates predictable prompts (held-out standard-library code) with hard ones
 (English prose, `prompts/natural_language.txt`). For a batch size B (`cache.max_running_requests`),
@@ -23,32 +23,28 @@ to plain (median and range). --rounds R runs the whole workload R times.
 
 import argparse
 import gc
-import json
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from heldout import heldout_prompts  # noqa: E402
-from spec_metrics import tau_between  # noqa: E402
-
-from eyas import SamplingParams  # noqa: E402
-from bench_target import build_engine, compose_config  # noqa: E402
-from eyas.engine.report.figures import pyplot, save  # noqa: E402
-from eyas.engine.speculative.adaptive.tiers import build_tiers, tier_index  # noqa: E402
-from eyas.engine.speculative.candidate import Candidate  # noqa: E402
-
-NATURAL_LANGUAGE = Path(__file__).resolve().parent / "prompts" / "natural_language.txt"
+from eyas import SamplingParams
+from eyas.bench.metrics import tau_between
+from eyas.bench.record import add_out_argument, scalars, write_record
+from eyas.bench.target import build_engine, compose_config
+from eyas.engine.report.figures import pyplot, save
+from eyas.engine.speculative.adaptive.tiers import build_tiers, tier_index
+from eyas.engine.speculative.candidate import Candidate
+from eyas.prompts.heldout import heldout_prompts
+from eyas.prompts.prose import prose_lines
 
 
 def workload(n: int, wave_size: int, alternate: str) -> list[tuple[str, list[str]]]:
     """n prompts, half code and half prose (prose lines are reused when the file runs out), in waves of
     wave_size as (kind, prompts): alternating prompt by prompt ('mixed' waves) or wave by wave."""
     code = heldout_prompts(n - n // 2)
-    lines = [line for line in NATURAL_LANGUAGE.read_text().splitlines() if line.strip()]
+    lines = prose_lines()
     prose = [lines[i % len(lines)] for i in range(n // 2)]
     if alternate == "prompt":
         prompts = [code[i // 2] if i % 2 == 0 else prose[i // 2] for i in range(n)]
@@ -130,8 +126,8 @@ def configurations(args, batch_size: int) -> dict[str, list[str]]:
     return configs
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m eyas.bench adaptive", description=__doc__.split("\n\n")[0])
     p.add_argument("--kind", default="eagle3", choices=["eagle", "eagle3"])
     p.add_argument("--batch-sizes", default="1,4,16")
     p.add_argument("--num-prompts", type=int, default=16)
@@ -140,10 +136,10 @@ def main() -> None:
     p.add_argument("--alternate", default="prompt", choices=["prompt", "wave"],
                    help="code and prose alternate prompt by prompt (mixed waves) or wave by wave")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
-    p.add_argument("--json", type=Path, default=None, help="also write the results here")
+    add_out_argument(p, "adaptive")
     p.add_argument("--plot", type=Path, default=None, help="also chart them here (PNG; needs matplotlib)")
     p.add_argument("override", nargs="*", help="extra config overrides, e.g. cache.page_size=1")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, ignore_eos=True)
@@ -192,8 +188,8 @@ def main() -> None:
         results[batch_size] = {"best_fixed": best_fixed_name, "rows": rows, "per_wave_ceiling": ceiling}
         del contenders
         gc.collect()
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+    table = [{"batch": b, "config": name, **scalars(row)} for b, r in results.items() for name, row in r["rows"].items()]
+    write_record(args.out, "adaptive", argv, table, results)
     if args.plot:
         plot(results, args.plot)
         print(f"wrote {args.plot}")

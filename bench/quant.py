@@ -13,9 +13,9 @@ Quality (`--parts quality`): the shipped target in each format: held-out loss (n
 of the held-out standard-library files), greedy agreement with float32 on held-out prompts, and the
 shipped EAGLE-3 head's tau on it, with its output checked against plain decoding of that format.
 
-    python scripts/bench_quant.py                                    # both parts, batch 1
-    python scripts/bench_quant.py --parts speed --systems float32,int8,ct2_int8 --batch-sizes 1,8
-    python scripts/bench_quant.py --layers 2 --hidden-size 128 --intermediate-size 256 --max-new-tokens 8
+    python -m eyas.bench quant                                    # both parts, batch 1
+    python -m eyas.bench quant --parts speed --systems float32,int8,ct2_int8 --batch-sizes 1,8
+    python -m eyas.bench quant --layers 2 --hidden-size 128 --intermediate-size 256 --max-new-tokens 8
 
 Systems (`--systems`): float32, bfloat16_dense (bf16 weights, the dense bf16 GEMM: `weight_layout=linear`),
 bfloat16 (bf16 model, `auto` layout: float16 weights in fbgemm's GEMM), int8, int4 (`model.quantization`),
@@ -24,29 +24,24 @@ install '.[bench]'.
 """
 
 import argparse
-import json
 import math
 import os
-import sys
 import tempfile
 from pathlib import Path
 
 import torch
 from torch.nn import functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-from bench_decode import agreement  # noqa: E402
-from bench_peers import EyasRunner, bench_batch, ct2_generate, load_ct2, make_waves, optional  # noqa: E402
-from heldout import heldout_prompts  # noqa: E402
-
-from eyas import SamplingParams  # noqa: E402
-from bench_target import build_engine  # noqa: E402
-from eyas.engine.assets import asset_path, heldout_files  # noqa: E402
-from eyas.engine.attention.dense import dense_batch, dense_positions  # noqa: E402
-from eyas.engine.models.loader import load_model  # noqa: E402
-from eyas.engine.tokenizer import Tokenizer  # noqa: E402
+from eyas import SamplingParams
+from eyas.bench.decode import agreement
+from eyas.bench.peers import EyasRunner, bench_batch, ct2_generate, load_ct2, make_waves, optional
+from eyas.bench.record import add_out_argument, scalars, write_record
+from eyas.bench.target import build_engine
+from eyas.engine.assets import asset_path, heldout_files
+from eyas.engine.attention.dense import dense_batch, dense_positions
+from eyas.engine.models.loader import load_model
+from eyas.engine.tokenizer import Tokenizer
+from eyas.prompts.heldout import heldout_prompts
 
 # system -> engine overrides (eyas) or CTranslate2 compute type
 EYAS = {
@@ -66,8 +61,8 @@ FORMATS = {"float32": ("float32", "none"), "bfloat16": ("bfloat16", "none"), "in
            "int4": ("float32", "int4")}
 
 
-def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m eyas.bench quant", description=__doc__.split("\n\n")[0])
     p.add_argument("--parts", default="speed,quality", help="comma-separated: speed, quality")
     p.add_argument("--systems", default="float32,bfloat16_dense,bfloat16,int8,int4,int8_ngram,ct2_int8",
                    help=f"comma-separated subset of {','.join([*EYAS, *CT2])}")
@@ -87,8 +82,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--kv-heads", type=int, default=2)
     p.add_argument("--loss-windows", type=int, default=64, help="quality: held-out windows of 256 tokens")
     p.add_argument("--quality-prompts", type=int, default=8)
-    p.add_argument("--out", type=Path, default=Path("bench_quant_out"), help="where bench_quant.json goes")
-    args = p.parse_args()
+    add_out_argument(p, "quant")
+    args = p.parse_args(argv)
     args.parts = args.parts.split(",")
     args.systems = args.systems.split(",")
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
@@ -99,7 +94,7 @@ def parse_args() -> argparse.Namespace:
 
 
 def write_checkpoint(args, directory: Path) -> Path:
-    from checkpoints import write_llama
+    from eyas.testing.checkpoints import write_llama
 
     optional("transformers")
     print(f"writing a random checkpoint: {args.layers} layers, width {args.hidden_size}, {args.heads} heads, "
@@ -225,8 +220,8 @@ def quality(args) -> list[dict]:
     return rows
 
 
-def main() -> None:
-    args = parse_args()
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     print(f"threads: torch {torch.get_num_threads()}; load average at start: "
           f"{' '.join(f'{x:.2f}' for x in load) if load else '-'} on {os.cpu_count()} cpus")
@@ -238,9 +233,8 @@ def main() -> None:
     if "quality" in args.parts:
         result["quality"] = quality(args)
     print("\nRatios were measured in this run, on this machine; they do not transfer to other hardware.")
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bench_quant.json").write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out / 'bench_quant.json'}")
+    table = [{"part": part, **scalars(r)} for part in ("speed", "quality") for r in result.get(part, [])]
+    write_record(args.out, "quant", argv, table, result)
 
 
 if __name__ == "__main__":

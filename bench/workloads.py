@@ -6,7 +6,7 @@
 - `docstring`: a function's signature and docstring from those packages, cut where the docstring
   closes: the model writes the body.
 - `prose`: English prose (`prompts/natural_language.txt`), text the shipped model drafts worst.
-- `chat`: user messages built from standard-library modules that `training/chat_prompts.py` holds out
+- `chat`: user messages built from standard-library modules that `eyas.prompts.chat` holds out
   of the chat models' distillation data (explain, write, review this code...), to be rendered with the
   model's chat template (`chat_prompts_for`).
 - `repeated`: the requests repeat earlier ones' content, as an agent re-planning or a file edited
@@ -23,12 +23,12 @@ import importlib.util
 import re
 from pathlib import Path
 
-from heldout import STARTS, _cut, _starts, heldout_prompts, round_robin
+from eyas.prompts.heldout import STARTS, _cut, _starts, heldout_prompts, round_robin
+from eyas.prompts.prose import prose_lines
 
 PACKAGES = ("omegaconf", "hydra", "_pytest", "pluggy", "yaml", "antlr4")  # installed with eyas's core and tests
 WORKLOADS = ("stdlib", "package", "docstring", "prose", "repeated")
 CHAT_WORKLOADS = ("chat",)  # user messages: the script renders them with the model's chat template
-NATURAL_LANGUAGE = Path(__file__).resolve().parent / "prompts" / "natural_language.txt"
 REPEATS = 2  # edited copies after each original in `repeated`
 
 
@@ -75,7 +75,7 @@ def docstring_prompts(n: int) -> list[str]:
 
 
 def prose_prompts(n: int) -> list[str]:
-    lines = [line for line in NATURAL_LANGUAGE.read_text().splitlines() if line.strip()]
+    lines = prose_lines()
     if len(lines) < n:
         raise RuntimeError(f"only {len(lines)} prose prompts available, {n} asked")
     return lines[:n]
@@ -93,16 +93,16 @@ def repeated_prompts(n: int, prompt_chars: int = 200) -> list[str]:
 
 
 def chat_messages(n: int) -> list[str]:
-    from training.chat_prompts import build_prompts
+    from eyas.prompts.chat import build_prompts
 
     return build_prompts()["heldout"][:n]
 
 
 def chat_prompts_for(messages: list[str], overrides: list[str]) -> list[str]:
     """Each message rendered as a user turn with the chat template of the model `overrides` configure."""
+    from eyas.bench.target import compose_config
     from eyas.engine.chat_template import model_chat_template
     from eyas.engine.models.checkpoint_source import checkpoint_directory
-    from bench_target import compose_config
 
     path = compose_config(list(overrides))["model"]["path"]
     template = model_chat_template(checkpoint_directory(path))

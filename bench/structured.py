@@ -1,9 +1,9 @@
 """Speculation under a JSON schema: tau and tokens/s with the drafts masked by the grammar and without,
 against plain decoding under the same schema.
 
-    python scripts/bench_structured.py                       # greedy, batch 1
-    python scripts/bench_structured.py --temperature 0.8 --batch-sizes 1,8
-    python scripts/bench_structured.py --mask-cost           # llguidance's per-token mask cost (and xgrammar's)
+    python -m eyas.bench structured                       # greedy, batch 1
+    python -m eyas.bench structured --temperature 0.8 --batch-sizes 1,8
+    python -m eyas.bench structured --mask-cost           # llguidance's per-token mask cost (and xgrammar's)
 
 Held-out standard-library prompts, each followed by a request to describe the code as a JSON record
 of `SCHEMA`. Configurations: `plain`, `default` (adaptive EAGLE-3) and `k=3` (a fixed EAGLE-3 chain),
@@ -15,17 +15,14 @@ the schema.
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_sampled import Contender, compared, run_waves  # noqa: E402
-from heldout import heldout_prompts  # noqa: E402
-
-from eyas import SamplingParams  # noqa: E402
-from eyas.engine.assets import asset_path  # noqa: E402
+from eyas import SamplingParams
+from eyas.bench.record import add_out_argument, scalars, write_record
+from eyas.bench.sampled import Contender, compared, run_waves
+from eyas.engine.assets import asset_path
+from eyas.prompts.heldout import heldout_prompts
 
 SCHEMA = {
     "type": "object",
@@ -129,16 +126,16 @@ def mask_cost(steps: int = 300) -> None:
     walk(xg_fill, xmatcher.accept_token, xmatcher.is_terminated, xmatcher.reset, "xgrammar")
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m eyas.bench structured", description=__doc__.split("\n\n")[0])
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--batch-sizes", default="1")
     p.add_argument("--configs", default="default,k=3")
     p.add_argument("--num-prompts", type=int, default=12, help="per batch size: max(this, 2 x batch size)")
     p.add_argument("--max-new-tokens", type=int, default=160, help="room for the longest record SCHEMA allows")
     p.add_argument("--mask-cost", action="store_true", help="time the grammar engines' masks and stop")
-    p.add_argument("--json", type=Path, default=None, help="also write the results here")
-    args = p.parse_args()
+    add_out_argument(p, "structured")
+    args = p.parse_args(argv)
     if args.mask_cost:
         mask_cost()
         return
@@ -174,8 +171,9 @@ def main() -> None:
         results[f"batch {batch_size}"] = rows
         for c in contenders:
             c.engine.close()
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+    table = [{"setting": setting, "config": config, **scalars(row)} for setting, rows in results.items()
+             for config, row in rows.items()]
+    write_record(args.out, "structured", argv, table, results)
 
 
 if __name__ == "__main__":

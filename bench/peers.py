@@ -1,7 +1,7 @@
 """Greedy decoding throughput of eyas against llama.cpp, CTranslate2 and transformers on one target.
 
 Every system decodes the same held-out prompts (`--workload`: stdlib code by default, or package
-source, docstrings, prose, or requests that repeat earlier ones; scripts/workloads.py; token ids from the target's tokenizer),
+source, docstrings, prose, or requests that repeat earlier ones; bench/workloads.py; token ids from the target's tokenizer),
 greedy, exactly `--max-new-tokens` new tokens per prompt (eos ignored), on the CPU, in one
 process. For each batch size each system gets one untimed warmup batch, then `--rounds` waves; a
 wave is `--num-prompts` prompts rounded up to whole batches (at batch 1: that many prompts, one at a
@@ -9,10 +9,10 @@ time), every system runs the same wave, and the order of the systems rotates fro
 that drift of the machine falls on all alike. tok/s = generated tokens / summed wall time of the
 waves, prefill included. Each system's greedy ids are compared with eyas plain's, row by row.
 
-    python scripts/bench_peers.py                                   # all systems, batch 1, 8, 32, 96 new tokens
-    python scripts/bench_peers.py --systems ct2,hf,eyas --batch-sizes 1,8 --max-new-tokens 16 --num-prompts 2 --rounds 1
-    python scripts/bench_peers.py --workload repeated --systems eyas,eyas_adaptive,fixed --batch-sizes 1 --num-prompts 8
-    python scripts/bench_peers.py --model smollm2 --workload chat --batch-sizes 1 --num-prompts 8 \
+    python -m eyas.bench peers                                   # all systems, batch 1, 8, 32, 96 new tokens
+    python -m eyas.bench peers --systems ct2,hf,eyas --batch-sizes 1,8 --max-new-tokens 16 --num-prompts 2 --rounds 1
+    python -m eyas.bench peers --workload repeated --systems eyas,eyas_adaptive,fixed --batch-sizes 1 --num-prompts 8
+    python -m eyas.bench peers --model smollm2 --workload chat --batch-sizes 1 --num-prompts 8 \
         --systems llama_cpp,ct2,ct2_int8,hf,eyas,eyas_gguf_f32,eyas_dequant,eyas_adaptive
 
 `--model` names the target as `model=` does (tiny, the shipped pair, by default; smollm2: its GGUF file).
@@ -53,17 +53,15 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_decode import agreement, eyas_generate, load_hf  # noqa: E402
-from workloads import CHAT_WORKLOADS, WORKLOADS, chat_prompts_for, workload_prompts  # noqa: E402
-
-from eyas import build_engine  # noqa: E402
-from eyas.engine.assets import asset_path  # noqa: E402
-from eyas.engine.models.checkpoint_source import checkpoint_directory, gguf_source  # noqa: E402
-from eyas.launch.compose import compose_config  # noqa: E402
-from eyas.engine.report.figures import pyplot, save  # noqa: E402
-from eyas.engine.tokenizer import Tokenizer  # noqa: E402
+from eyas import build_engine
+from eyas.bench.decode import agreement, eyas_generate, load_hf
+from eyas.bench.record import add_out_argument, scalars, write_record
+from eyas.bench.workloads import CHAT_WORKLOADS, WORKLOADS, chat_prompts_for, workload_prompts
+from eyas.engine.assets import asset_path
+from eyas.engine.models.checkpoint_source import checkpoint_directory, gguf_source
+from eyas.engine.report.figures import pyplot, save
+from eyas.engine.tokenizer import Tokenizer
+from eyas.launch.compose import compose_config
 
 SYSTEMS = {"llama_cpp": "llama.cpp plain", "ct2": "ct2 plain", "ct2_int8": "ct2 int8", "hf": "transformers plain", "hf_lookup": "transformers prompt lookup",
            "hf_assisted": "transformers assisted", "eyas": "eyas plain", "eyas_spec": "eyas EAGLE-3 k=3",
@@ -98,15 +96,15 @@ FIXED = ["eyas_ngram", "eyas_hybrid", "eyas_tree", "eyas_suffix", "eyas_hybrid_s
 PEERS = {"eyas_ngram": "hf_lookup", "eyas_standalone": "hf_assisted"}
 
 
-def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m eyas.bench peers", description=__doc__.split("\n\n")[0])
     p.add_argument("--systems", default=",".join(s for s in SYSTEMS if s not in FIXED[5:]),
                    help=f"comma-separated subset of {','.join(SYSTEMS)}; 'fixed' adds {','.join(FIXED)}")
     p.add_argument("--eyas", action="append", default=[], metavar="NAME=OVERRIDES",
                    help="another eyas system: a name and its config overrides, space-separated (repeatable)")
     p.add_argument("--model", default="tiny", help="the target, as model= names it (conf/model: tiny, smollm2)")
     p.add_argument("--workload", default="stdlib", choices=WORKLOADS + CHAT_WORKLOADS,
-                   help="the prompts (scripts/workloads.py); chat: rendered with the target's chat template")
+                   help="the prompts (bench/workloads.py); chat: rendered with the target's chat template")
     p.add_argument("--batch-sizes", default="1,8,32")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--num-prompts", type=int, default=4, help="prompts per wave, rounded up to whole batches")
@@ -114,8 +112,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--ct2-threads", type=int, default=0, help="ct2 intra_threads (0: the fastest, timed at start)")
     p.add_argument("--llama-threads", type=int, default=0, help="llama.cpp threads (0: the fastest, timed at start)")
-    p.add_argument("--out", type=Path, default=Path("bench_peers_out"), help="where bench_peers.{json,png} go")
-    args = p.parse_args()
+    add_out_argument(p, "peers")
+    args = p.parse_args(argv)
     named = [s.strip() for s in args.systems.split(",") if s.strip()]
     args.systems = list(dict.fromkeys(x for s in named for x in (FIXED if s == "fixed" else [s])))
     for spec in args.eyas:
@@ -407,8 +405,8 @@ def plot(rows: list[dict], base: str, path: Path) -> None:
     save(fig, path, rect=(0, 0.08, 1, 1))
 
 
-def main() -> None:
-    args = parse_args()
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     n = args.max_new_tokens
@@ -475,17 +473,15 @@ def main() -> None:
     pairs = peer_ratios(results)
     for r in pairs:
         print(f"batch {r['batch']}: {r['system']} / {r['peer']} = {r['ratio']:.2f}x tok/s")
-    args.out.mkdir(parents=True, exist_ok=True)
     meta = dict(model=args.model, workload=args.workload, threads=torch.get_num_threads(), ct2_threads=args.ct2_threads,
                 llama_threads=args.llama_threads, max_new_tokens=n, rounds=args.rounds, num_prompts=args.num_prompts,
                 batch_sizes=args.batch_sizes, load_average_at_start=load)
-    (args.out / "bench_peers.json").write_text(json.dumps({**meta, "rows": rows, "peer_ratios": pairs}, indent=2))
+    write_record(args.out, "peers", argv, [scalars(r) for r in rows], {**meta, "rows": rows, "peer_ratios": pairs})
     if importlib.util.find_spec("matplotlib") is None:
-        print(f"\nwrote {args.out / 'bench_peers.json'}; no chart: matplotlib is missing (pip install '.[bench]')")
+        print("no chart: matplotlib is missing (pip install '.[bench]')")
         return
-    plot(rows, base, args.out / "bench_peers.png")
-    print(f"\nwrote {args.out / 'bench_peers.json'} and {args.out / 'bench_peers.png'}")
-
+    plot(rows, base, args.out / "peers.png")
+    print(f"wrote {args.out / 'peers.png'}")
 
 if __name__ == "__main__":
     main()

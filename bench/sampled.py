@@ -1,7 +1,7 @@
 """Speculation when requests sample: every configuration against plain decoding at the same settings.
 
-    python scripts/bench_sampled.py                                   # T = 0.8, top_p = 0.95, batch 1 and 8
-    python scripts/bench_sampled.py --temperatures 0.6,0.8,1.0 --batch-sizes 1,8,32 --configs default,k=5,ngram
+    python -m eyas.bench sampled                                   # T = 0.8, top_p = 0.95, batch 1 and 8
+    python -m eyas.bench sampled --temperatures 0.6,0.8,1.0 --batch-sizes 1,8,32 --configs default,k=5,ngram
 
 Held-out standard-library prompts, each request seeded by its prompt's index (the same seed in every
 configuration). For each batch size every configuration's engine is built up front; then each wave of
@@ -17,20 +17,15 @@ counts chosen.
 
 import argparse
 import gc
-import json
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from heldout import heldout_prompts  # noqa: E402
-from spec_metrics import tau_between  # noqa: E402
-
-from eyas import SamplingParams  # noqa: E402
-from bench_target import build_engine  # noqa: E402
+from eyas import SamplingParams
+from eyas.bench.metrics import tau_between
+from eyas.bench.record import add_out_argument, scalars, write_record
+from eyas.bench.target import build_engine
+from eyas.prompts.heldout import heldout_prompts
 
 CONFIGS = {
     "default": [],
@@ -100,8 +95,8 @@ def compared(contenders: list[Contender]) -> dict:
     return rows
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m eyas.bench sampled", description=__doc__.split("\n\n")[0])
     p.add_argument("--temperatures", default="0.8")
     p.add_argument("--top-p", type=float, default=0.95)
     p.add_argument("--batch-sizes", default="1,8")
@@ -110,9 +105,9 @@ def main() -> None:
     p.add_argument("--num-prompts", type=int, default=8, help="per batch size: max(this, 2 x batch size)")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
-    p.add_argument("--json", type=Path, default=None, help="also write the results here")
+    add_out_argument(p, "sampled")
     p.add_argument("override", nargs="*", help="extra config overrides for every configuration")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     temperatures = [float(t) for t in args.temperatures.split(",")]
@@ -152,8 +147,9 @@ def main() -> None:
             c.engine.close()
         del contenders
         gc.collect()
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+    table = [{"setting": setting, "config": config, **scalars(row)} for setting, rows in results.items()
+             for config, row in rows.items()]
+    write_record(args.out, "sampled", argv, table, results)
 
 
 if __name__ == "__main__":

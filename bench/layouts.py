@@ -7,8 +7,8 @@ count (decode batch or verify width) every layout runs the whole set of projecti
 the layouts' order rotating from round to round; the best round is kept. Prints ms per forward and
 the ratio to `transposed` (x @ W, MKL's sgemm), and whether every layout's outputs agree.
 
-    python scripts/bench_layouts.py
-    python scripts/bench_layouts.py --rows 1,8,17 --rounds 30
+    python -m eyas.bench layouts
+    python -m eyas.bench layouts --rows 1,8,17 --rounds 30
 """
 
 import argparse
@@ -16,6 +16,7 @@ import time
 
 import torch
 
+from eyas.bench.record import add_out_argument, write_record
 from eyas.engine.assets import asset_path
 from eyas.engine.models.fused_linear import LAYOUTS, _usable_layouts
 from eyas.engine.models.loader import load_model
@@ -30,11 +31,12 @@ def projections(model) -> list[tuple[object, bool]]:
     return order + [(model.logits_proj, False)]
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m eyas.bench layouts", description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", default="1,4,8,16,64", help="rows per GEMM (comma-separated)")
     p.add_argument("--rounds", type=int, default=20)
-    args = p.parse_args()
+    add_out_argument(p, "layouts")
+    args = p.parse_args(argv)
     rows_list = [int(r) for r in args.rows.split(",")]
     layouts = [name for name in LAYOUTS if name in _usable_layouts(torch.float32, torch.device("cpu"))]
     models = {name: [load_model(asset_path("target"), dtype="float32", weight_layout=name) for _ in range(2)]
@@ -45,6 +47,7 @@ def main() -> None:
                     if p.dim() == 2) / 1e6
     print(f"{count} fused projections, {megabytes:.0f} MB of float32 weights (embedding included), "
           f"{torch.get_num_threads()} threads; layouts: {', '.join(layouts)}")
+    table = []
     with torch.inference_mode():
         for rows in rows_list:
             generator = torch.Generator().manual_seed(rows)
@@ -76,6 +79,9 @@ def main() -> None:
                         for a, b in zip(outputs[name], outputs["transposed"]))
             print(f"rows {rows:3d}: " + ", ".join(f"{name} {best[name] * 1e3:.2f} ms ({best['transposed'] / best[name]:.2f}x)"
                                                for name in layouts) + ("" if agree else "  OUTPUTS DIFFER"))
+            table += [{"rows": rows, "layout": name, "ms": best[name] * 1e3, "vs_transposed": best["transposed"] / best[name],
+                       "outputs_agree": agree} for name in layouts]
+    write_record(args.out, "layouts", argv, table, {"projections": count, "weights_mb": megabytes, "layouts": layouts})
 
 
 if __name__ == "__main__":

@@ -12,8 +12,8 @@ to them in turn, one at a time, so each scenario's figures come from the same ru
 - hostile: one client uploads a `--hostile-mb` MB prompt while another sends an 8-token request; the
   small request's latency and the big one's status.
 
-    python scripts/bench_prefix.py                       # 5 rounds, 8 turns
-    python scripts/bench_prefix.py --rounds 3 --turns 4 --json prefix.json
+    python -m eyas.bench prefix                       # 5 rounds, 8 turns
+    python -m eyas.bench prefix --rounds 3 --turns 4 --out bench_out
 
 Needs `pip install '.[serve,bench]'`.
 """
@@ -27,30 +27,27 @@ import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_serve import Server, free_port  # noqa: E402
-from heldout import heldout_prompts  # noqa: E402
-
-from eyas import SamplingParams  # noqa: E402
-from bench_target import bench_overrides, build_engine  # noqa: E402
-from eyas.engine.tokenizer import Tokenizer  # noqa: E402
-from eyas.engine.assets import asset_path  # noqa: E402
+from eyas import SamplingParams
+from eyas.bench.record import add_out_argument, scalars, write_record
+from eyas.bench.serve import Server, free_port
+from eyas.bench.target import bench_overrides, build_engine
+from eyas.engine.assets import asset_path
+from eyas.engine.tokenizer import Tokenizer
+from eyas.prompts.heldout import heldout_prompts
 
 SYSTEMS = ("cached", "uncached")
 
 
-def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m eyas.bench prefix", description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--prefix-tokens", type=int, default=1200)
     p.add_argument("--max-tokens", type=int, default=16, help="new tokens per request")
     p.add_argument("--turns", type=int, default=8)
     p.add_argument("--hostile-mb", type=float, default=20.0)
-    p.add_argument("--json", type=Path, default=None, help="write the figures here too")
-    return p.parse_args()
+    add_out_argument(p, "prefix")
+    return p.parse_args(argv)
 
 
 def stream(base: str, path: str, body: dict) -> dict:
@@ -169,8 +166,8 @@ def hostile(server: Server, model: str, megabytes: float) -> dict:
     return {"small_request_s": latency, "small_status": small["status"], "upload_reply": status.get("reply")}
 
 
-def main() -> None:
-    args = parse_args()
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     tokenizer = Tokenizer.from_dir(asset_path("target"))
     workdir = tempfile.mkdtemp(prefix="eyas-bench-prefix-")
     servers = {}
@@ -199,8 +196,8 @@ def main() -> None:
     h = report["hostile"]
     print(f"hostile: {args.hostile_mb:g} MB upload answered {h['upload_reply']!r}; meanwhile an 8-token request "
           f"took {h['small_request_s']:.2f} s (HTTP {h['small_status']})")
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2))
+    table = [{"server": name, **scalars(r)} for name, r in report["shared_prefix"].items()]
+    write_record(args.out, "prefix", argv, table, report)
 
 
 if __name__ == "__main__":

@@ -8,12 +8,11 @@ of `--repeats` is reported for each.
 The ratio eyas/transformers is measured in the same process on the same machine, so it says
 nothing about other hardware. Greedy outputs are compared token for token (informational).
 
-    python scripts/bench_decode.py                      # random 8-layer Llama written to a temp dir
-    python scripts/bench_decode.py --model /path/to/llama --batch-sizes 1,4,16 --max-new-tokens 128
+    python -m eyas.bench decode                      # random 8-layer Llama written to a temp dir
+    python -m eyas.bench decode --model /path/to/llama --batch-sizes 1,4,16 --max-new-tokens 128
 """
 
 import argparse
-import importlib.util
 import os
 import random
 import tempfile
@@ -22,17 +21,17 @@ from pathlib import Path
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
 from eyas import SamplingParams, build_engine
+from eyas.bench.record import add_out_argument, write_record
+from eyas.testing.checkpoints import write_llama
 
 # random checkpoint for the default run: big enough that compute, not only per-step overhead, shows
 RANDOM_MODEL = dict(num_layers=8, hidden_size=256, intermediate_size=768, num_heads=8, num_kv_heads=4,
                     vocab_size=4096, max_position_embeddings=1024)
 
 
-def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m eyas.bench decode", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", help="Hugging Face Llama directory (default: a random checkpoint in a temp dir)")
     p.add_argument("--batch-sizes", default="1,8", help="comma-separated, e.g. 1,8")
     p.add_argument("--max-new-tokens", type=int, default=64)
@@ -43,16 +42,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None,
                    help="torch.set_num_threads for both sides (default: torch's); 1 is steadier on a busy machine")
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompts (and random checkpoint)")
-    return p.parse_args()
+    add_out_argument(p, "decode")
+    return p.parse_args(argv)
 
 
 def write_random_checkpoint(directory: Path, seed: int) -> Path:
-    # load tests/checkpoints.py by path: the repo root need not be importable, and `tests` is a common name
-    spec = importlib.util.spec_from_file_location("eyas_test_checkpoints", REPO_ROOT / "tests" / "checkpoints.py")
-    checkpoints = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(checkpoints)
     # no tokenizer: its BPE trainer stops far below vocab 4096 on the tiny corpus, and prompts are ids anyway
-    return checkpoints.write_llama(directory, seed=seed, with_tokenizer=False, **RANDOM_MODEL)
+    return write_llama(directory, seed=seed, with_tokenizer=False, **RANDOM_MODEL)
 
 
 def make_prompts(batch: int, prompt_len: int, vocab_size: int, seed: int) -> list[list[int]]:
@@ -125,8 +121,8 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> str:
     return f"{same}/{len(a)} rows identical (earliest divergence at new token {first})"
 
 
-def main() -> None:
-    args = parse_args()
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b.strip()]
@@ -178,6 +174,9 @@ def main() -> None:
     print(f"{'batch':>5}  {'eyas tok/s':>11}  {'transformers tok/s':>18}  {'eyas/transformers':>17}  greedy agreement")
     for b, e, h, agree in rows:
         print(f"{b:>5}  {e:>11.1f}  {h:>18.1f}  {e / h:>17.2f}  {agree}")
+    table = [{"batch": b, "eyas_tok_s": e, "transformers_tok_s": h, "ratio": e / h, "agreement": agree}
+             for b, e, h, agree in rows]
+    write_record(args.out, "decode", argv, table, {"model": args.model or "random", "rows": table})
 
 
 if __name__ == "__main__":

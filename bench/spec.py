@@ -1,8 +1,8 @@
-"""Speculative vs plain decoding on held-out prompts (`--workload`, scripts/workloads.py), with the shipped pair.
+"""Speculative vs plain decoding on held-out prompts (`--workload`, bench/workloads.py), with the shipped pair.
 
-    python scripts/bench_spec.py                          # EAGLE-3, k = 1..6, T=0, batch 1, 20 prompts x 128 tokens
-    python scripts/bench_spec.py --kind eagle --ks 2,4 --trees 5:4:16 --temperature 1.0
-    python scripts/bench_spec.py --ks 3,5 --trees 5:4:16 --graphs   # each phase eager and compiled
+    python -m eyas.bench spec                          # EAGLE-3, k = 1..6, T=0, batch 1, 20 prompts x 128 tokens
+    python -m eyas.bench spec --kind eagle --ks 2,4 --trees 5:4:16 --temperature 1.0
+    python -m eyas.bench spec --ks 3,5 --trees 5:4:16 --graphs   # each phase eager and compiled
 
 Beside the chains, EAGLE-2 trees (`--trees steps:topk:nodes,...`) get the same columns (acceptance
 by depth; t_draft is the tree's draft phase per cycle / steps) and their ratios to the fastest chain.
@@ -25,128 +25,21 @@ batch building, sampling, Python).
 the eager run only: a GEMM inside a compiled graph cannot be recorded.
 """
 
-import contextlib
-
 import argparse
-import json
-import sys
+import contextlib
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from workloads import CHAT_WORKLOADS, WORKLOADS, chat_prompts_for, workload_prompts  # noqa: E402
-
-from eyas import SamplingParams  # noqa: E402
-from bench_target import build_engine  # noqa: E402
-from eyas.engine.models.fused_linear import FusedLinear  # noqa: E402
-from eyas.engine.report.figures import pyplot, save  # noqa: E402
-from eyas.engine.sampling import SamplingBatch  # noqa: E402
-
-
-class GemmRecorder:
-    """Records every projection GEMM (a FusedLinear call, or an nn.Linear one for models that run their
-    modules one by one) with its row count under the outermost label running; `floor(label)` replays
-    that label's calls alone and returns their time per label count."""
-
-    def __init__(self):
-        self.calls = defaultdict(list)
-        self.labels: list[str] = []  # open labels, outermost first
-        self._fused = FusedLinear.__call__
-        self._linear = torch.nn.Linear.forward
-
-    def __enter__(self):
-        recorder, fused, linear = self, self._fused, self._linear
-
-        def record_fused(proj, x, residual=None):
-            if recorder.labels:
-                recorder.calls[recorder.labels[0]].append((proj, x.shape[0], x.shape[1], residual is not None, x.dtype))
-            return fused(proj, x, residual)
-
-        def record_linear(module, x):
-            if recorder.labels:
-                recorder.calls[recorder.labels[0]].append((module, x.numel() // x.shape[-1], x.shape[-1], False, x.dtype))
-            return linear(module, x)
-
-        FusedLinear.__call__, torch.nn.Linear.forward = record_fused, record_linear
-        return self
-
-    def __exit__(self, *exc):
-        FusedLinear.__call__, torch.nn.Linear.forward = self._fused, self._linear
-
-    def clear(self):
-        self.calls.clear()
-
-    def _run(self, proj, x, residual):
-        if isinstance(proj, torch.nn.Linear):
-            return self._linear(proj, x)
-        return self._fused(proj, x, residual)
-
-    @torch.inference_mode()
-    def floor(self, label: str, count: int) -> float:
-        calls = self.calls.get(label)
-        if not calls or not count:
-            return float("nan")
-        dtype = calls[0][-1]  # the inputs' (a weight in a kernel's own layout has no dense tensor to ask)
-        inputs = {(rows, width): torch.randn(rows, width, dtype=dtype) for _, rows, width, _, _ in calls}
-        residuals = {(rows, c.out_features): torch.randn(rows, c.out_features, dtype=dtype)
-                     for c, rows, _, has, _ in calls if has}
-        replay = [(c, inputs[rows, width], residuals[rows, c.out_features] if has else None)
-                  for c, rows, width, has, _ in calls]
-        for c, x, r in replay[: min(len(replay), 200)]:  # warm up
-            self._run(c, x, r)
-        start = time.perf_counter()
-        for c, x, r in replay:
-            self._run(c, x, r)
-        return (time.perf_counter() - start) / count
-
-
-class PhaseTimer:
-    """Wraps bound methods of the engine's workers to accumulate wall time per (phase, name), and
-    labels the GEMMs run inside them for the recorder."""
-
-    def __init__(self, gemms: GemmRecorder | None = None):
-        self.total = defaultdict(float)
-        self.count = defaultdict(int)
-        self.phase = "decode"
-        self.gemms = gemms
-
-    def wrap(self, obj, name: str, label: str, set_phase: str | None = None, phase_of=None):
-        inner = getattr(obj, name)
-
-        def timed(*args, **kwargs):
-            previous = self.phase
-            if set_phase:
-                self.phase = set_phase
-            elif phase_of is not None:
-                self.phase = phase_of(*args, **kwargs)
-            if self.gemms is not None:
-                self.gemms.labels.append(f"{self.phase}:{label}")
-            start = time.perf_counter()
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                if torch.cuda.is_available():
-                    torch.cuda.synchronize()
-                self.total[(self.phase, label)] += time.perf_counter() - start
-                self.count[(self.phase, label)] += 1
-                if self.gemms is not None:
-                    self.gemms.labels.pop()
-                self.phase = previous
-
-        setattr(obj, name, timed)
-
-    def mean(self, label: str, phase: str = "decode") -> float:
-        n = self.count[(phase, label)]
-        return self.total[(phase, label)] / n if n else float("nan")
-
-    def floor(self, label: str, phase: str = "decode") -> float:
-        if self.gemms is None:  # a graphed run
-            return float("nan")
-        return self.gemms.floor(f"{phase}:{label}", self.count[(phase, label)])
+from eyas import SamplingParams
+from eyas.bench.metrics import tau_between
+from eyas.bench.record import add_out_argument, scalars, write_record
+from eyas.bench.target import build_engine
+from eyas.bench.timer import GemmRecorder, PhaseTimer
+from eyas.bench.workloads import CHAT_WORKLOADS, WORKLOADS, chat_prompts_for, workload_prompts
+from eyas.engine.report.figures import pyplot, save
+from eyas.engine.sampling import SamplingBatch
 
 
 class ChoiceProbe:
@@ -200,15 +93,12 @@ def graph_overrides(graphs: bool) -> list[str]:
 def plain(args, prompts, params, graphs: bool = False):
     with build_engine(["speculative=none", "draft=none", *args.override, *graph_overrides(graphs)]) as eng, \
             recorder(graphs) as gemms:
-        timer = PhaseTimer(gemms)
-        # a forward whose requests all extend by one token is a decode step; others carry a prefill
-        timer.wrap(eng.worker.runner, "forward", "target_forward",
-                   phase_of=lambda batch, *a, **kw: "decode" if max(batch.extend_lens) == 1 else "prefill")
+        timer = PhaseTimer(gemms).attach(eng)
         choice = ChoiceProbe(eng.worker.sampler, "sample")
         run(eng, prompts[:2], params, args.batch_size)  # warmup
-        timer.total.clear(), timer.count.clear(), gemms and gemms.clear()
+        timer.clear()
         seconds, tokens = run(eng, prompts, params, args.batch_size)
-        return tokens / seconds, timer.mean("target_forward"), timer.floor("target_forward"), choice.per_position()
+        return tokens / seconds, timer.mean("decode"), timer.floor("decode"), choice.per_position()
 
 
 def speculative(args, prompts, params, k, topk=1, nodes=None, graphs: bool = False):
@@ -218,16 +108,10 @@ def speculative(args, prompts, params, k, topk=1, nodes=None, graphs: bool = Fal
                  f"speculative.topk={topk}", f"speculative.num_draft_tokens={nodes}", *args.override,
                  *graph_overrides(graphs)]
     with build_engine(overrides) as eng, recorder(graphs) as gemms:
-        timer = PhaseTimer(gemms)
-        worker, head = eng.worker, eng.worker.drafter.head
-        timer.wrap(worker, "prefill", "prefill", set_phase="prefill")
-        timer.wrap(worker.target_runner, "forward", "verify")
-        timer.wrap(head, "chain" if topk == 1 else "tree", "draft")
-        timer.wrap(head, "extend", "extend")
-        timer.wrap(head.runner, "forward", "draft_forward")
-        choice = ChoiceProbe(worker.verifier, "accept")
+        timer = PhaseTimer(gemms).attach(eng)
+        choice = ChoiceProbe(eng.worker.verifier, "accept")
         run(eng, prompts[:2], params, args.batch_size)
-        timer.total.clear(), timer.count.clear(), gemms and gemms.clear()
+        timer.clear()
         base = eng.metrics()
         seconds, tokens = run(eng, prompts, params, args.batch_size)
         metrics = eng.metrics()
@@ -235,32 +119,28 @@ def speculative(args, prompts, params, k, topk=1, nodes=None, graphs: bool = Fal
                   "draft": timer.floor("draft") / k}
         t_choice_sampled, t_choice_greedy = choice.per_position()
     cycles = metrics["num_verify_cycles"] - base["num_verify_cycles"]
-    emitted = metrics["mean_accept_length"] * metrics["num_verify_cycles"] - base["mean_accept_length"] * base["num_verify_cycles"]
-    tau = emitted / cycles
     positions = [(a * metrics["num_verify_cycles"] - b * base["num_verify_cycles"]) / cycles
                  for a, b in zip(metrics["accept_rate_per_position"], base["accept_rate_per_position"] or [0] * k)]
-    # the draft forward label also counts draft-extend forwards: take the step forwards only
-    draft_forwards = timer.count[("decode", "draft_forward")] - timer.count[("decode", "extend")]
-    draft_forward_time = timer.total[("decode", "draft_forward")] - timer.total[("decode", "extend")]
     return {
-        "k": k, "topk": topk, "nodes": nodes, "label": str(k) if topk == 1 else f"{k}x{topk}/{nodes}", "tau": tau, "accept_per_position": positions, "tokens_per_s": tokens / seconds,
+        "k": k, "topk": topk, "nodes": nodes, "label": str(k) if topk == 1 else f"{k}x{topk}/{nodes}",
+        "tau": tau_between(base, metrics), "accept_per_position": positions, "tokens_per_s": tokens / seconds,
         "t_verify": timer.mean("verify"), "t_extend": timer.mean("extend"),
         "t_draft": timer.mean("draft") / k,  # draft phase per cycle / k (k proposals, k - 1 forwards)
+        "t_host": timer.mean("host"),  # scheduling, stop checks and caching between two cycles
         "floor_verify": floors["verify"], "floor_draft": floors["draft"], "floor_extend": floors["extend"],
-        "t_draft_forward": draft_forward_time / draft_forwards if draft_forwards else float("nan"),
         "t_choice_sampled": t_choice_sampled, "t_choice_greedy": t_choice_greedy,
     }
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m eyas.bench spec", description=__doc__.split("\n\n")[0])
     p.add_argument("--kind", default="eagle3", choices=["eagle", "eagle3"])
     p.add_argument("--ks", default="1,2,3,4,5,6")
     p.add_argument("--trees", default="5:2:8,5:4:16,5:8:16,6:4:24",
                    help="EAGLE-2 tree shapes num_steps:topk:num_draft_tokens, comma-separated ('' for none)")
     p.add_argument("--num-prompts", type=int, default=20)
     p.add_argument("--workload", default="stdlib", choices=WORKLOADS + CHAT_WORKLOADS,
-                   help="the prompts (scripts/workloads.py); chat: rendered with the model's chat template")
+                   help="the prompts (bench/workloads.py); chat: rendered with the model's chat template")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -268,10 +148,10 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--graphs", action="store_true",
                    help="run every configuration again with compiled graphs and print each phase eager and graphed")
-    p.add_argument("--json", type=Path, default=None, help="also write the results here")
+    add_out_argument(p, "spec")
     p.add_argument("--plot", type=Path, default=None, help="also chart them here (PNG; needs matplotlib)")
     p.add_argument("override", nargs="*", help="extra config overrides, e.g. model.path=/ckpt")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     prompts = workload_prompts(args.workload, args.num_prompts)
@@ -326,15 +206,18 @@ def main() -> None:
         graphed = {"plain_tokens_per_s": graphed_plain[0], "t_decode": graphed_plain[1],
                    "rows": [speculative(args, prompts, params, *shape, graphs=True) for shape in shapes]}
         print_graphed(plain_tps, t_decode, rows, graphed)
-    step = [r["t_draft_forward"] for r in rows if r["topk"] == 1 and r["t_draft_forward"] == r["t_draft_forward"]]
-    if step:
-        print(f"one draft forward step: {sum(step) / len(step) * 1e3:.2f} ms = "
-              f"{sum(step) / len(step) / t_decode:.3f} of a target decode step (times in ms, means over the decode phase)")
-    if args.json:
-        args.json.write_text(json.dumps({"plain_tokens_per_s": plain_tps, "t_decode": t_decode,
-                                         "floor_decode": floor_decode, "plain_choice_sampled": plain_choice[0],
-                                         "plain_choice_greedy": plain_choice[1], "rows": rows,
-                                         "graphed": graphed}, indent=2))
+    chain_steps = [r["t_draft"] for r in chains]
+    if chain_steps:
+        step = sum(chain_steps) / len(chain_steps)
+        print(f"one draft step (draft phase / k, chains): {step * 1e3:.2f} ms = {step / t_decode:.3f} of a target "
+              "decode step; host work between two cycles: "
+              + ", ".join(f"{r['label']} {r['t_host'] * 1e3:.2f} ms" for r in rows))
+    table = [{"config": "plain", "tokens_per_s": plain_tps, "t_decode": t_decode, "floor_decode": floor_decode},
+             *({"config": f"k={r['label']}", **scalars(r)} for r in rows)]
+    write_record(args.out, "spec", argv, table,
+                 {"plain_tokens_per_s": plain_tps, "t_decode": t_decode, "floor_decode": floor_decode,
+                  "plain_choice_sampled": plain_choice[0], "plain_choice_greedy": plain_choice[1], "rows": rows,
+                  "graphed": graphed})
     if args.plot:
         plot(args, rows, args.plot)
         print(f"wrote {args.plot}")
