@@ -18,7 +18,8 @@ import torch
 
 from eyas.bench.record import add_out_argument, write_record
 from eyas.engine.assets import asset_path
-from eyas.engine.models.fused_linear import LAYOUTS, _usable_layouts
+from eyas.engine.models.fused_linear import LAYOUTS
+from eyas.engine.models.layout_choice import usable_layouts
 from eyas.engine.models.loader import load_model
 
 
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> None:
     add_out_argument(p, "layouts")
     args = p.parse_args(argv)
     rows_list = [int(r) for r in args.rows.split(",")]
-    layouts = [name for name in LAYOUTS if name in _usable_layouts(torch.float32, torch.device("cpu"))]
+    layouts = [name for name in LAYOUTS if name in usable_layouts(torch.float32, torch.device("cpu"))]
     models = {name: [load_model(asset_path("target"), dtype="float32", weight_layout=name) for _ in range(2)]
               for name in layouts}
     sets = {name: [projections(m) for m in pair] for name, pair in models.items()}

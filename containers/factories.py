@@ -10,7 +10,6 @@ from eyas.engine.errors import ConfigError
 from eyas.engine.graphs.graph_runner import GraphRunner
 from eyas.engine.graphs.settings import GraphSettings, graph_settings
 from eyas.engine.models.checkpoint_source import gguf_source
-from eyas.engine.models.config import DTYPES
 from eyas.engine.models.weight_formats import resolve_quantization
 from eyas.engine.sampling_params import SamplingParams
 from eyas.engine.speculative.candidate import Candidate, parse_candidate, sorted_candidates
@@ -89,12 +88,6 @@ def sampling_params(sampling: dict) -> SamplingParams:
     return SamplingParams(**sampling)
 
 
-def model_dtype(name: str) -> str:
-    if name != "auto" and name not in DTYPES:
-        raise ConfigError(f"model.dtype must be one of {['auto', *DTYPES]}, got {name!r}")
-    return name
-
-
 def lookahead_tokens(algorithm: str, shapes: list[Candidate]) -> int:
     """KV positions a speculative step may write past the committed length, over every shape the worker
     may run: the verify chain, or a tree's nodes and the draft forwards' frontier nodes."""
@@ -168,8 +161,6 @@ def backend_or_default(name: str | None, default: str) -> str:
 
 def attention_backend(backend_classes: dict[str, type], name: str, head_dim: int, batch_invariant: bool = False):
     """A fresh backend of the registered class `name` (backends hold per-batch metadata)."""
-    if name not in backend_classes:
-        raise ConfigError(f"attention.backend: unknown attention backend {name!r}; allowed: {sorted(backend_classes)}")
     return backend_classes[name](head_dim, batch_invariant=True) if batch_invariant else backend_classes[name](head_dim)
 
 
@@ -182,26 +173,16 @@ def batch_invariant_attention(setting: bool | None, backend: str, quantization: 
                               dtype: torch.dtype = torch.float32) -> bool:
     """`attention.batch_invariant`, resolved: null is on for a quantized or half-precision target, whose
     GEMMs are row-invariant but whose rounding of activations turns the last bit of a batched attention
-    into a different token on near ties (gguf_f32's GEMM keeps float32 activations: off, as for float32);
-    it needs the torch_native backend and eager forwards."""
+    into a different token on near ties (gguf_f32's GEMM keeps float32 activations: off, as for float32)."""
     if setting is None:
         reduced = quantization not in ("none", "gguf_f32") or dtype in (torch.bfloat16, torch.float16)
         return reduced and backend == "torch_native" and graph_mode == "eager"
-    if setting and backend != "torch_native":
-        raise ConfigError(f"attention.batch_invariant=true needs attention.backend=torch_native, got {backend!r}")
-    if setting and graph_mode != "eager":
-        raise ConfigError(f"attention.batch_invariant=true runs eager attention; graphs.mode is {graph_mode!r} "
-                          "(set graphs.mode=eager, or attention.batch_invariant=false)")
-    return bool(setting)
+    return setting
 
 
 def exact_logprobs(setting: bool | None, backend: str) -> bool:
     """`attention.exact_logprobs`, resolved: null is on with the torch_native backend (the one that
     attends a query on its own)."""
-    if setting is not None and not isinstance(setting, bool):
-        raise ConfigError(f"attention.exact_logprobs must be true, false or null, got {setting!r}")
-    if setting and backend != "torch_native":
-        raise ConfigError(f"attention.exact_logprobs=true needs attention.backend=torch_native, got {backend!r}")
     return backend == "torch_native" if setting is None else setting
 
 

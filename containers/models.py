@@ -18,7 +18,7 @@ class ModelContainer(containers.DeclarativeContainer):
     # model.quantization with `auto` resolved against the checkpoint and device
     quantization = Singleton(factories.model_quantization, config.model.quantization, checkpoint, device)
     target_model = Singleton(
-        load_model, path=checkpoint, dtype=providers.Callable(factories.model_dtype, config.model.dtype),
+        load_model, path=checkpoint, dtype=config.model.dtype,
         device=device, weight_layout=config.model.weight_layout, quantization=quantization,
         quantization_group_size=config.model.quantization_group_size,
     )

@@ -6,7 +6,7 @@ import torch
 
 from eyas.engine.cache.kv_pool import PagedKVPool
 from eyas.engine.forward_batch import ForwardBatch
-from eyas.engine.models.fused_linear import exact_rows
+from eyas.engine.models.row_invariance import exact_rows
 
 
 @dataclass

@@ -12,7 +12,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from eyas.engine.assets import asset_path
 from eyas.engine.errors import ConfigError
-from eyas.launch.schema import CONF_DIR, register_schemas
+from eyas.launch.schema import CONF_DIR, Config, register_schemas
 
 
 def config_dir() -> str:
@@ -43,6 +43,18 @@ def to_plain(cfg: DictConfig) -> dict:
         raise ConfigError(f"invalid configuration: {e}") from e
     config.pop("hydra", None)
     return config
+
+
+def typed_config(config: dict) -> dict:
+    """A plain config dict (composed elsewhere, or written by hand) checked against the schema, as composing
+    checks it: an unknown key, a value of the wrong type or outside a field's choices is a ConfigError."""
+    register_schemas()
+    register_resolvers()
+    try:
+        cfg = OmegaConf.merge(OmegaConf.structured(Config), config)
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"invalid configuration: {e}") from e
+    return to_plain(cfg)
 
 
 def with_group(overrides, group: str, option: str) -> list[str]:

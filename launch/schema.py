@@ -4,6 +4,9 @@ Enum fields list their allowed values in Hydra's own error message. Cross-field 
 `eyas.engine.config`.
 """
 
+import dataclasses
+import types
+import typing
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -12,6 +15,13 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from eyas.engine.attention.registry import BACKENDS
+from eyas.engine.graphs.settings import MODES as GRAPH_MODES
+from eyas.engine.models.config import DTYPES
+from eyas.engine.models.fused_linear import LAYOUTS
+from eyas.engine.models.weight_formats import SCHEMES
+from eyas.engine.sampling_params import SamplingParams
+from eyas.engine.speculative.backend_factory import ATTENTION_MODES
 from eyas.engine.speculative.drafters.registry import ALGORITHMS, DRAFT_MODELS, DRAFTERS, LOOKUPS, PLAIN
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"  # beside this package's folder, and installed as eyas/conf
@@ -23,33 +33,19 @@ class Device(str, Enum):
     cuda = "cuda"
 
 
-class DType(str, Enum):
-    auto = "auto"
-    float32 = "float32"
-    float16 = "float16"
-    bfloat16 = "bfloat16"
+def choices(name: str, values) -> type[Enum]:
+    """A string enum of `values`: the schema's allowed values of a field, read from the engine's own table."""
+    return Enum(name, {value: value for value in values}, type=str)
 
 
-class WeightLayout(str, Enum):
-    auto = "auto"
-    transposed = "transposed"
-    linear = "linear"
-    onednn = "onednn"  # oneDNN's blocked layout and GEMM (float32, CPU)
-    blocked = "blocked"  # blocks of 16 output columns, eyas's own small-batch GEMM (float32, CPU; built on first use)
+DType = choices("DType", ["auto", *DTYPES])  # auto: the checkpoint's torch_dtype (a draft's: the target's)
 
 
-class QuantizationScheme(str, Enum):
-    auto = "auto"  # a GGUF file's own blocks (gguf) where eyas's CPU kernels run, none for anything else
-    none = "none"
-    int8 = "int8"  # per-channel int8 weights, activations quantized per token (fbgemm)
-    int4 = "int4"  # 4-bit weights in groups of quantization_group_size input features (aten int4pack)
-    gguf = "gguf"  # a GGUF file's own Q4_0 / Q4_1 / Q8_0 blocks, int8 activations as llama.cpp's (eyas's CPU kernel)
-    gguf_f32 = "gguf_f32"  # the same blocks with float32 activations: the dequantized model's logits, bit for bit
+WeightLayout = choices("WeightLayout", ["auto", *LAYOUTS])  # engine/models/fused_linear.py
 
 
-class AttentionBackendName(str, Enum):
-    torch_native = "torch_native"
-    triton = "triton"
+QuantizationScheme = choices("QuantizationScheme", SCHEMES)  # engine/models/weight_formats.py says what each is
+AttentionBackendName = choices("AttentionBackendName", BACKENDS)  # engine/attention/registry.py
 
 
 # the drafter registry's names: plain decoding and every drafter; the lookup drafters; the draft models
@@ -59,9 +55,7 @@ HybridLookup = Enum("HybridLookup", {name: name for name in LOOKUPS}, type=str)
 DraftKind = Enum("DraftKind", {name: name for name in (PLAIN, *DRAFT_MODELS)}, type=str)
 
 
-class AttentionMode(str, Enum):
-    prefill = "prefill"
-    decode = "decode"
+AttentionMode = choices("AttentionMode", ATTENTION_MODES)  # engine/speculative/backend_factory.py
 
 
 class DraftSampling(str, Enum):
@@ -93,8 +87,9 @@ class ModelHeads:
 class ModelConfig:
     path: str = MISSING  # a Hugging Face Llama-family directory, a .gguf file, or a catalog name (smollm2)
     dtype: DType = DType.auto  # auto = the checkpoint's torch_dtype
-    # fused projections stored [in, out] (transposed, x @ W), [out, in] (linear), in oneDNN's blocked
-    # layout (onednn) or in blocks of 16 output columns (blocked); auto: timed once per machine
+    # fused projections stored [in, out] (transposed, x @ W), [out, in] (linear), in oneDNN's blocked layout
+    # and GEMM (onednn: float32, CPU) or in blocks of 16 output columns for eyas's own small-batch GEMM
+    # (blocked: float32, CPU; built on first use); auto: timed once per machine
     weight_layout: WeightLayout = WeightLayout.auto
     quantization: QuantizationScheme = QuantizationScheme.none  # the target's linear layers, stored at load
     quantization_group_size: int = 128  # int4: input features per scale and zero point (32, 64, 128, 256)
@@ -180,23 +175,23 @@ class AdaptiveConfig:
     probe_interval: int = 6  # throughput: decisions between probes of a neighbour (0 = never)
 
 
-@dataclass
-class SamplingConfig:
-    max_new_tokens: int = 128
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: Optional[int] = None
-    stop: list[str] = field(default_factory=list)
-    ignore_eos: bool = False
-    min_p: float = 0.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    logit_bias: Any = None  # {token id: bias} (null: none); untyped, so a command-line dict replaces it
-    logprobs: Optional[int] = None
-    n: int = 1
-    stop_token_ids: list[int] = field(default_factory=list)
+def _sampling_config() -> type:
+    """The `sampling` group: SamplingParams' fields as the config declares them (`logit_bias` untyped, so a
+    command-line dict replaces it; `structured_output` is a request's, not a run's)."""
+    fields = []
+    for f in dataclasses.fields(SamplingParams):
+        if f.name == "structured_output":
+            continue
+        kind = Any if f.name == "logit_bias" else f.type
+        if isinstance(kind, types.UnionType):  # `int | None` -> Optional[int], the spelling OmegaConf reads
+            kind = Optional[next(arg for arg in typing.get_args(kind) if arg is not type(None))]
+        default = None if f.name == "logit_bias" else f.default
+        fields.append((f.name, kind, field(default_factory=f.default_factory) if default is dataclasses.MISSING
+                       else field(default=default)))
+    return dataclasses.make_dataclass("SamplingConfig", fields)
+
+
+SamplingConfig = _sampling_config()
 
 
 @dataclass
@@ -209,11 +204,7 @@ class CacheConfig:
     prefix_caching: bool = True  # reuse the KV (target and draft) of prefixes earlier sequences computed
 
 
-class GraphMode(str, Enum):
-    auto = "auto"
-    aot = "aot"
-    compile = "compile"
-    eager = "eager"
+GraphMode = choices("GraphMode", GRAPH_MODES)  # engine/graphs/settings.py
 
 
 @dataclass

@@ -98,18 +98,18 @@ def test_a_verify_attends_each_query_as_its_decode(tmp_path):
         assert torch.equal(alone[0], together[j])
 
 
-def test_resolution_and_errors():
+def test_null_resolves_on_for_reduced_precision_with_eager_torch_native_attention():
     assert batch_invariant_attention(None, "torch_native", "int8", "eager") is True
     assert batch_invariant_attention(None, "torch_native", "none", "eager") is False
     assert batch_invariant_attention(None, "torch_native", "int8", "compile") is False  # compiled graphs attend batched
     assert batch_invariant_attention(None, "triton", "int4", "eager") is False
-    with pytest.raises(ConfigError, match="attention.batch_invariant=true needs attention.backend=torch_native"):
-        batch_invariant_attention(True, "triton", "int8", "eager")
-    with pytest.raises(ConfigError, match="graphs.mode"):
-        batch_invariant_attention(True, "torch_native", "int8", "compile")
+    assert batch_invariant_attention(False, "torch_native", "int8", "eager") is False
 
 
-def test_batch_invariant_with_compiled_graphs_is_refused_at_start(near_ties):
-    with pytest.raises(ConfigError, match="attention.batch_invariant=true runs eager attention"):
-        build_engine(["device=cpu", f"model.path={near_ties}", *PLAIN, "attention.batch_invariant=true",
-                      "graphs.mode=compile"])
+@pytest.mark.parametrize("overrides,message", [
+    (["graphs.mode=compile"], "attention.batch_invariant=true runs eager attention"),
+    (["attention.backend=triton"], "attention.batch_invariant=true needs attention.backend=torch_native"),
+])
+def test_batch_invariant_attention_is_refused_at_start_where_it_cannot_run(near_ties, overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        build_engine(["device=cpu", f"model.path={near_ties}", *PLAIN, "attention.batch_invariant=true", *overrides])

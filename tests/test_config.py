@@ -5,15 +5,14 @@ import copy
 from pathlib import Path
 
 import pytest
+from conftest import PLAIN
+from support import build_engine, compose_config
 
-from eyas.containers.build import build_container
 from eyas import ConfigError
-from support import build_engine
+from eyas.containers.build import build_container
 from eyas.engine.config import prepare, resolve, validate
 from eyas.engine.speculative.candidate import parse_candidate
 from eyas.launch.compose import config_dir
-from support import compose_config
-from conftest import PLAIN
 
 GROUPS = ["model", "draft", "speculative", "attention", "adaptive", "sampling", "cache", "experiment"]
 
@@ -105,6 +104,14 @@ INVALID = [
     (["prompt=hi", "prompts_file=/tmp/x.txt"], "prompts_file"),
     (["seed=-1"], "seed"),
     (["attention=flash"], "attention"),
+    (["attention.backend=triton", "attention.batch_invariant=true"],
+     "attention.batch_invariant=true needs attention.backend=torch_native"),
+    (["attention.backend=triton", "attention.exact_logprobs=true"],
+     "attention.exact_logprobs=true needs attention.backend=torch_native"),
+    (["graphs.mode=compile", "attention.batch_invariant=true"], "attention.batch_invariant=true runs eager attention"),
+    (["attention.exact_logprobs=maybe"], "attention.exact_logprobs"),
+    (["model.quantization=int3"], "model.quantization"),
+    (["sampling.logprobs=21"], "sampling.logprobs"),
 ]
 
 
@@ -260,3 +267,17 @@ def test_the_package_default_is_smollm2_from_its_gguf_file_with_its_eagle3_head(
     assert config["model"]["path"] == "smollm2" and config["model"]["quantization"] == "auto"
     assert config["speculative"]["algorithm"] == "eagle3" and config["draft"]["path"] == str(asset_path("smollm2_eagle3"))
     assert compose_config([])["model"]["path"] == str(asset_path("target"))
+
+
+@pytest.mark.parametrize("group,key,value,allowed", [
+    ("model", "dtype", "float64", "auto, float32, float16, bfloat16"),
+    ("attention", "backend", "flash", "torch_native, triton"),
+    ("sampling", "seed", "abc", "Integer"),
+])
+def test_a_config_dict_is_checked_by_the_schema_commands_compose_with(gqa_checkpoint, group, key, value, allowed):
+    """`build_engine(config=...)`: a dict written by hand meets the checks a composed config meets."""
+    config = compose_config([*PLAIN, f"model.path={gqa_checkpoint}"])
+    config[group][key] = value
+    with pytest.raises(ConfigError) as info:
+        build_engine(config=config)
+    assert f"{group}.{key}" in str(info.value) and allowed in str(info.value)

@@ -8,22 +8,24 @@ import warnings
 
 import pytest
 import torch
+from conftest import PLAIN, cache_root_with_cpu_kernels, engine_overrides
 from safetensors.torch import load_file
+from support import build_engine
+from test_attention import naive_attention
 from torch import nn
 
 from eyas import ConfigError, SamplingParams
-from support import build_engine
 from eyas.engine.attention.torch_native import TorchNativeBackend
 from eyas.engine.cache.allocator import PageAllocator
 from eyas.engine.cache.kv_pool import PagedKVPool
 from eyas.engine.forward_batch import ForwardBatch
+from eyas.engine.models import layout_choice, layout_store
 from eyas.engine.models.config import load_model_config
-from eyas.engine.models import fused_linear, layout_store
-from eyas.engine.models.fused_linear import FusedLinear, choose_layouts, exact_rows
+from eyas.engine.models.fused_linear import LAYOUTS, FusedLinear
+from eyas.engine.models.layout_choice import choose_layouts
 from eyas.engine.models.loader import load_model
 from eyas.engine.models.rope import RotaryEmbedding
-from conftest import PLAIN, cache_root_with_cpu_kernels, engine_overrides
-from test_attention import naive_attention
+from eyas.engine.models.row_invariance import exact_rows
 
 
 @pytest.mark.parametrize("layout", ["transposed", "linear", "onednn", "blocked"])
@@ -87,12 +89,12 @@ def test_auto_layouts_are_timed_once_per_machine_and_kept(tmp_path, monkeypatch)
     """The first process to time a shape records its choice on disk; a later one (here: the process's own
     choices forgotten) packs by the record without timing, and obeys a record it did not make."""
     monkeypatch.setenv("EYAS_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(fused_linear, "_MEASURED", {})
+    monkeypatch.setattr(layout_choice, "_MEASURED", {})
     shapes = {"qkv": (64, 128), "down": (128, 64), "up": (64, 128)}
     cpu = torch.device("cpu")
     timed = []
-    measure = fused_linear.measure_layout
-    monkeypatch.setattr(fused_linear, "measure_layout", lambda *a, **k: timed.append(a[:2]) or measure(*a, **k))
+    measure = layout_choice.measure_layout
+    monkeypatch.setattr(layout_choice, "measure_layout", lambda *a, **k: timed.append(a[:2]) or measure(*a, **k))
     first = choose_layouts(shapes, "auto", torch.float32, cpu, model_bytes=1 << 20)
     assert first["qkv"] == first["up"] and sorted(timed) == [(64, 128), (128, 64)]  # each distinct shape once
     record = json.loads((tmp_path / layout_store.FILE_NAME).read_text())
@@ -101,24 +103,25 @@ def test_auto_layouts_are_timed_once_per_machine_and_kept(tmp_path, monkeypatch)
 
     def never(*args, **kwargs):
         raise AssertionError("a recorded shape was timed again")
-    monkeypatch.setattr(fused_linear, "measure_layout", never)
-    monkeypatch.setattr(fused_linear, "_MEASURED", {})  # a new process
+    monkeypatch.setattr(layout_choice, "measure_layout", never)
+    monkeypatch.setattr(layout_choice, "_MEASURED", {})  # a new process
     assert choose_layouts(shapes, "auto", torch.float32, cpu, model_bytes=1 << 20) == first
     other = {k: ("linear" if v != "linear" else "transposed") for k, v in record.items()}
     (tmp_path / layout_store.FILE_NAME).write_text(json.dumps(other))
-    monkeypatch.setattr(fused_linear, "_MEASURED", {})
+    monkeypatch.setattr(layout_choice, "_MEASURED", {})
     chosen = choose_layouts(shapes, "auto", torch.float32, cpu, model_bytes=1 << 20)
-    assert chosen != first and chosen["qkv"] == other[fused_linear.record_key((64, 128), torch.float32, torch.device("cpu"), 1 << 20)]
+    assert chosen != first and chosen["qkv"] == other[layout_choice.record_key((64, 128), torch.float32, cpu, 1 << 20)]
 
 
 def test_a_second_process_packs_as_the_first_timed(tmp_path):
     script = """
 import torch
-from eyas.engine.models import fused_linear
+from eyas.engine.models import layout_choice
 timed = []
-measure = fused_linear.measure_layout
-fused_linear.measure_layout = lambda *a, **k: timed.append(a[:2]) or measure(*a, **k)
-chosen = fused_linear.choose_layouts({"qkv": (64, 128), "down": (128, 64)}, "auto", torch.float32, torch.device("cpu"))
+measure = layout_choice.measure_layout
+layout_choice.measure_layout = lambda *a, **k: timed.append(a[:2]) or measure(*a, **k)
+chosen = layout_choice.choose_layouts({"qkv": (64, 128), "down": (128, 64)}, "auto", torch.float32,
+                                      torch.device("cpu"))
 print(len(timed), chosen["qkv"], chosen["down"])
 """
     env = {**os.environ, "EYAS_CACHE_DIR": str(cache_root_with_cpu_kernels(tmp_path))}
@@ -133,17 +136,17 @@ def test_processes_starting_together_time_a_shape_once(tmp_path):
     script = """
 import pathlib, sys, time
 import torch
-from eyas.engine.models import fused_linear
-measure = fused_linear.measure_layout
+from eyas.engine.models import layout_choice
+measure = layout_choice.measure_layout
 def slow(*a, **k):
     time.sleep(1.0)  # long enough for the other process to reach the lock
     return measure(*a, **k)
-fused_linear.measure_layout = lambda *a, **k: print("timed", flush=True) or slow(*a, **k)
+layout_choice.measure_layout = lambda *a, **k: print("timed", flush=True) or slow(*a, **k)
 ready = pathlib.Path(sys.argv[1])
 (ready / sys.argv[2]).touch()
 while len(list(ready.iterdir())) < 2:
     time.sleep(0.01)
-print(fused_linear.choose_layouts({"qkv": (64, 128)}, "auto", torch.float32, torch.device("cpu"))["qkv"])
+print(layout_choice.choose_layouts({"qkv": (64, 128)}, "auto", torch.float32, torch.device("cpu"))["qkv"])
 """
     ready = tmp_path / "ready"
     ready.mkdir()
@@ -157,14 +160,15 @@ print(fused_linear.choose_layouts({"qkv": (64, 128)}, "auto", torch.float32, tor
 @pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"%s": "columns"}'])
 def test_an_unreadable_or_foreign_layout_record_is_timed_again(tmp_path, monkeypatch, content):
     monkeypatch.setenv("EYAS_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(fused_linear, "_MEASURED", {})
+    monkeypatch.setattr(layout_choice, "_MEASURED", {})
     path = tmp_path / layout_store.FILE_NAME
-    path.write_text(content.replace("%s", fused_linear.record_key((64, 128), torch.float32, torch.device("cpu"))))
+    key = layout_choice.record_key((64, 128), torch.float32, torch.device("cpu"))
+    path.write_text(content.replace("%s", key))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         chosen = choose_layouts({"qkv": (64, 128)}, "auto", torch.float32, torch.device("cpu"))
-    assert chosen["qkv"] in fused_linear.LAYOUTS
-    assert json.loads(path.read_text()) == {fused_linear.record_key((64, 128), torch.float32, torch.device("cpu")): chosen["qkv"]}
+    assert chosen["qkv"] in LAYOUTS
+    assert json.loads(path.read_text()) == {key: chosen["qkv"]}
     warned = any("timed again" in str(w.message) for w in caught)
     assert warned == (not content.startswith('{"'))  # a layout it does not know is timed again, silently
 
@@ -173,10 +177,10 @@ def test_an_unwritable_cache_keeps_layouts_per_process(tmp_path, monkeypatch):
     blocker = tmp_path / "file"
     blocker.write_text("")
     monkeypatch.setenv("EYAS_CACHE_DIR", str(blocker / "eyas"))  # under a file: cannot be made
-    monkeypatch.setattr(fused_linear, "_MEASURED", {})
+    monkeypatch.setattr(layout_choice, "_MEASURED", {})
     with pytest.warns(UserWarning, match="not kept across processes.*EYAS_CACHE_DIR"):
         chosen = choose_layouts({"qkv": (64, 128)}, "auto", torch.float32, torch.device("cpu"))
-    assert chosen["qkv"] in fused_linear.LAYOUTS
+    assert chosen["qkv"] in LAYOUTS
 
 
 @pytest.mark.parametrize("layout", ["transposed", "linear"])

@@ -7,10 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from conftest import PROMPTS, engine_overrides, run_plain
-from eyas import ConfigError, SamplingParams
 from support import build_engine
+
+from eyas import ConfigError, SamplingParams
 from eyas.engine.logits_processing import LogitsProcessing
 from eyas.engine.speculative.tree import ancestor_mask
 
@@ -275,9 +275,8 @@ def test_only_the_forwards_of_logprobs_requests_run_exact(spec_pair, setting, ex
         assert marks and all(m == expected for m in marks)
 
 
-def test_exact_logprobs_needs_the_torch_native_backend():
+def test_exact_logprobs_resolve_on_with_the_torch_native_backend():
     from eyas.containers.factories import exact_logprobs
 
-    assert exact_logprobs(None, "triton") is False
-    with pytest.raises(ConfigError, match=r"attention.exact_logprobs=true needs attention.backend=torch_native"):
-        exact_logprobs(True, "triton")
+    assert exact_logprobs(None, "triton") is False and exact_logprobs(None, "torch_native") is True
+    assert exact_logprobs(False, "torch_native") is False

@@ -5,7 +5,7 @@ import pytest
 
 from conftest import PLAIN, engine_overrides
 from eyas import ConfigError, SamplingParams
-from support import build_engine
+from support import build_engine, compose_config
 from eyas.engine.attention.torch_native import TorchNativeBackend
 from eyas.engine.speculative import bindings
 from eyas.engine.speculative.backend_factory import DraftBackendFactory
@@ -54,11 +54,12 @@ def test_factory_extend_backend_by_mode_and_override():
     assert factory(draft_backend="decode_only").create_draft_extend_backend() is None
 
 
-def test_factory_rejects_unknown_names():
-    with pytest.raises(ConfigError, match="speculative.draft_attention_backend.*allowed"):
-        factory(draft_backend="flash")
-    with pytest.raises(ConfigError, match="speculative.attention_mode"):
-        factory(mode="sideways")
+@pytest.mark.parametrize("override,allowed", [("speculative.draft_attention_backend=flash", "torch_native, triton"),
+                                              ("speculative.attention_mode=sideways", "prefill, decode")])
+def test_the_config_refuses_unknown_names_before_any_factory_runs(override, allowed):
+    with pytest.raises(ConfigError) as info:
+        compose_config([override])
+    assert override.split("=")[0] in str(info.value) and allowed in str(info.value)
 
 
 @pytest.fixture

@@ -3,14 +3,13 @@ error names the field and what is allowed."""
 
 import math
 
+from eyas.engine.chat_template import ChatTemplate
 from eyas.engine.errors import ConfigError
 from eyas.engine.graphs.settings import validate_graphs
 from eyas.engine.sampling_params import SamplingParams
-from eyas.engine.chat_template import ChatTemplate
 from eyas.engine.speculative.candidate import Candidate, parse_candidate
 from eyas.engine.speculative.drafters.registry import CANDIDATE_DRAFTERS, HOSTS, draft_kinds, grafts_lookup, lookups_of
 from eyas.engine.speculative.tree import max_tree_nodes
-
 
 # speculative.suffix_max_tokens: bounds of the suffix index's memory (bytes per token measured on CPython
 # 3.11 with the default key lengths: ~210 on code, ~715 on random ids of a 32k vocabulary)
@@ -46,6 +45,7 @@ def validate(config: dict) -> None:
 
     SamplingParams(**config["sampling"]).validate("sampling")
     validate_graphs(config["graphs"])
+    _validate_attention(config)
     threads = config["num_threads"]
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise ConfigError(f"num_threads must be an integer >= 1, or null for one thread per core; got {threads!r}")
@@ -216,6 +216,19 @@ def _other_candidate(algorithm: str, where: str, value: dict) -> Candidate:
 
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+
+def _validate_attention(config: dict) -> None:
+    """Batch-invariant attention and exact logprobs attend one query per call: torch_native's way, eager."""
+    attention = config["attention"]
+    for key in ("batch_invariant", "exact_logprobs"):
+        if attention[key] not in (None, True, False):
+            raise ConfigError(f"attention.{key} must be true, false or null, got {attention[key]!r}")
+        if attention[key] and attention["backend"] != "torch_native":
+            raise ConfigError(f"attention.{key}=true needs attention.backend=torch_native, got {attention['backend']!r}")
+    if attention["batch_invariant"] and config["graphs"]["mode"] != "eager":
+        raise ConfigError(f"attention.batch_invariant=true runs eager attention; graphs.mode is "
+                          f"{config['graphs']['mode']!r} (set graphs.mode=eager, or attention.batch_invariant=false)")
 
 
 def _validate_server(server: dict) -> None:

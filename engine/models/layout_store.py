@@ -1,6 +1,6 @@
 """Measured weight layouts kept on disk, so every process on a machine packs a weight shape alike.
 
-`model.weight_layout=auto` times the layouts of each weight shape (`fused_linear.measure_layout`).
+`model.weight_layout=auto` times the layouts of each weight shape (`layout_choice.measure_layout`).
 Timings near a tie flip from run to run, and two processes that chose different kernels for one shape
 compute logits that differ in their last bits: a plain server and a speculative one would no longer
 agree on logprobs, nor on greedy text at a near tie. So the first process to time a shape on this

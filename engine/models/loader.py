@@ -6,14 +6,14 @@ import functools
 from pathlib import Path
 
 import torch
-from torch import nn
 from safetensors import SafetensorError, safe_open
+from torch import nn
 
 from eyas.engine.errors import CheckpointError, ConfigError
+from eyas.engine.models import gguf_block_weights
 from eyas.engine.models.checkpoint_source import checkpoint_directory, gguf_source
 from eyas.engine.models.config import DTYPES, ModelConfig, load_model_config, read_json
-from eyas.engine.models import gguf_block_weights
-from eyas.engine.models.fused_linear import choose_layouts
+from eyas.engine.models.layout_choice import choose_layouts
 from eyas.engine.models.llama import LlamaForCausalLM
 from eyas.engine.models.weight_formats import (GGUF_SCHEMES, Quantization, check_int4_shapes, check_quantization,
                                                resolve_quantization)

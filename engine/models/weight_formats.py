@@ -37,6 +37,11 @@ from eyas.engine.cpu_ops import cpu_ops_error
 from eyas.engine.errors import ConfigError
 from eyas.engine.models.packed_ops import register_packed
 
+# model.quantization: auto (a GGUF file's own blocks, gguf, where eyas's CPU kernels run; none for anything
+# else), none, int8 (per-channel int8 weights, activations quantized per token: fbgemm), int4 (4-bit weights
+# in groups of quantization_group_size input features: aten int4pack), gguf (a GGUF file's own Q4_0 / Q4_1 /
+# Q8_0 blocks, int8 activations as llama.cpp's: eyas's CPU kernel), gguf_f32 (the same blocks with float32
+# activations: the dequantized model's logits, bit for bit)
 SCHEMES = ("auto", "none", "int8", "int4", "gguf", "gguf_f32")
 GGUF_SCHEMES = ("gguf", "gguf_f32")  # a GGUF file's own blocks: int8 or float32 activations
 INT4_GROUP_SIZES = (32, 64, 128, 256)

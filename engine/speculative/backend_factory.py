@@ -1,21 +1,14 @@
 """DraftBackendFactory: the draft model's attention backends, built by name from the attention config."""
 
 from eyas.engine.attention.multi_step import MultiStepDraftBackend
-from eyas.engine.errors import ConfigError
 
-ATTENTION_MODES = ("prefill", "decode")
+ATTENTION_MODES = ("prefill", "decode")  # speculative.attention_mode: how the draft steps attend
 
 
 class DraftBackendFactory:
     def __init__(self, backend_classes: dict[str, type], head_dim: int, num_steps: int,
                  attention_mode: str, prefill_backend: str, decode_backend: str,
                  draft_attention_backend: str | None = None):
-        if attention_mode not in ATTENTION_MODES:
-            raise ConfigError(f"speculative.attention_mode must be one of {list(ATTENTION_MODES)}, got {attention_mode!r}")
-        for field, name in (("attention.prefill_backend", prefill_backend), ("attention.decode_backend", decode_backend),
-                            ("speculative.draft_attention_backend", draft_attention_backend)):
-            if name is not None and name not in backend_classes:
-                raise ConfigError(f"{field}: unknown attention backend {name!r}; allowed: {sorted(backend_classes)}")
         self.backend_classes = backend_classes
         self.head_dim = head_dim
         self.num_steps = num_steps
