@@ -1,6 +1,6 @@
 """GPU check of the Triton kernels: their tests compiled for CUDA, then a micro-benchmark against torch.
 
-1. Runs the kernel tests and tests/test_triton_backend.py in a pytest subprocess with
+1. Runs the kernel tests and tests/engine/attention/test_triton_backend.py in a pytest subprocess with
    TRITON_INTERPRET=0, so every kernel is compiled for the GPU instead of interpreted.
 2. Times each attention kernel against a torch baseline, on a paged KV cache (page size 16, pages
    in shuffled order), 32 query heads, 8 KV heads, head dim 128, float16 and bfloat16:
@@ -31,8 +31,9 @@ import torch
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NO_CUDA = "no CUDA device: nothing to check; the kernels are tested on CPU under TRITON_INTERPRET=1 by pytest"
-TESTS = ["tests/test_kernel_store_kv.py", "tests/test_kernel_decode_attention.py",
-         "tests/test_kernel_extend_attention.py", "tests/test_kernel_verify_greedy.py", "tests/test_triton_backend.py"]
+TESTS = ["tests/kernels/test_kernel_store_kv.py", "tests/kernels/test_kernel_decode_attention.py",
+         "tests/kernels/test_kernel_extend_attention.py", "tests/kernels/test_kernel_verify_greedy.py",
+         "tests/engine/attention/test_triton_backend.py"]
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, PAGE_SIZE = 32, 8, 128, 16
 VERIFY_TOKENS = 4
 DEVICE = "cuda"

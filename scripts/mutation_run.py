@@ -31,23 +31,28 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-SAMPLING_TESTS = ["tests/test_keyed_random.py", "tests/test_sampling.py", "tests/test_reproducible_sampling.py",
-                  "tests/test_spec_sampling.py", "tests/test_engine_limits.py"]
-SPEC_TESTS = ["tests/test_spec_bookkeeping.py", "tests/test_spec_contract.py", "tests/test_spec_lossless.py",
-              "tests/test_reproducible_sampling.py", "tests/test_engine_limits.py", "tests/test_adaptive_lossless.py",
-              "tests/test_adaptive_scope.py", "tests/test_spec_sampling.py", "tests/test_rejection_verify.py",
-              "tests/test_shipped.py"]
-ADAPTIVE_TESTS = ["tests/test_adaptive_policies.py", "tests/test_adaptive_lossless.py", "tests/test_adaptive_scope.py",
-                  "tests/test_reproducible_sampling.py", "tests/test_rejection_verify.py"]
+SAMPLING_TESTS = ["tests/engine/test_keyed_random.py", "tests/engine/test_sampling.py",
+                  "tests/e2e/test_reproducible_sampling.py", "tests/e2e/test_spec_sampling.py",
+                  "tests/engine/test_engine_limits.py"]
+SPEC_TESTS = ["tests/engine/speculative/test_spec_bookkeeping.py", "tests/engine/speculative/test_spec_contract.py",
+              "tests/e2e/test_spec_lossless.py", "tests/e2e/test_reproducible_sampling.py",
+              "tests/engine/test_engine_limits.py", "tests/e2e/test_adaptive_lossless.py",
+              "tests/engine/speculative/test_adaptive_scope.py", "tests/e2e/test_spec_sampling.py",
+              "tests/engine/speculative/test_rejection_verify.py", "tests/e2e/test_shipped.py"]
+ADAPTIVE_TESTS = ["tests/engine/speculative/test_adaptive_policies.py", "tests/e2e/test_adaptive_lossless.py",
+                  "tests/engine/speculative/test_adaptive_scope.py", "tests/e2e/test_reproducible_sampling.py",
+                  "tests/engine/speculative/test_rejection_verify.py"]
 # file (or folder prefix) -> the tests that should catch its mutants, fastest first
 TESTS_FOR = {
     "engine/sampling.py": SAMPLING_TESTS,
     "engine/keyed_random.py": SAMPLING_TESTS,
-    "engine/speculative/rejection.py": ["tests/test_spec_sampling.py", "tests/test_rejection_verify.py"],
-    "engine/stopping.py": ["tests/test_stopping.py", "tests/test_engine_limits.py", "tests/test_spec_lossless.py"],
+    "engine/speculative/rejection.py": ["tests/e2e/test_spec_sampling.py",
+                                        "tests/engine/speculative/test_rejection_verify.py"],
+    "engine/stopping.py": ["tests/engine/test_stopping.py", "tests/engine/test_engine_limits.py",
+                           "tests/e2e/test_spec_lossless.py"],
     "engine/speculative/adaptive/": ADAPTIVE_TESTS,
-    "engine/speculative/drafters/": [*SPEC_TESTS, "tests/test_spec_ngram.py", "tests/test_spec_standalone.py",
-                                     "tests/test_spec_trees.py"],
+    "engine/speculative/drafters/": [*SPEC_TESTS, "tests/e2e/test_spec_ngram.py", "tests/e2e/test_spec_standalone.py",
+                                     "tests/e2e/test_spec_trees.py"],
     "engine/speculative/": SPEC_TESTS,
 }
 DEFAULT_FILES = ["engine/sampling.py", "engine/keyed_random.py", "engine/stopping.py",

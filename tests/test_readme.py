@@ -27,8 +27,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
-from server_process import ServerProcess
+from support.server_process import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -182,8 +181,8 @@ def run_segment(space: Workspace, words: list[str]) -> None:
 # Commands run under -m slow: variants of a kind the default run covers with another command (the default
 # model's other runs, a prompts file, drafters
 # past n-gram, trees, adaptive tiers, sweeps but joblib's, searches, the other launchers, the extras'
-# installs). tests/test_cli.py and tests/test_sweeps.py check sweeps, the adaptive policies and a search
-# by default.
+# installs). tests/launch/test_cli.py and tests/launch/test_sweeps.py check sweeps, the adaptive policies and a
+# search by default.
 SLOW_COMMANDS = ("prompt='What is a Python decorator?'", "adaptive=off speculative.num_steps=2 ",
                  "prompts_file=prompts.txt  ", "# its EAGLE-1 head", "# the EAGLE-3 head and prompt lookup", "# suffix decoding:",
                  "-m adaptive=off speculative.num_steps=1,3,5", "# chain, up to 5 tokens", "speculative.topk=", "speculative=standalone", "# k = 4, ngram_trust",
