@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
         step = sum(chain_steps) / len(chain_steps)
         print(f"one draft step (draft phase / k, chains): {step * 1e3:.2f} ms = {step / t_decode:.3f} of a target "
               "decode step; host work between two cycles: "
-              + ", ".join(f"{r['label']} {r['t_host'] * 1e3:.2f} ms" for r in rows))
+              + ", ".join(f"{r['label']}: {r['t_host'] * 1e3:.2f} ms" for r in rows))
     table = [{"config": "plain", "tokens_per_s": plain_tps, "t_decode": t_decode, "floor_decode": floor_decode},
              *({"config": f"k={r['label']}", **scalars(r)} for r in rows)]
     write_record(args.out, "spec", argv, table,

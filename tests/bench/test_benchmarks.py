@@ -130,6 +130,7 @@ def test_bench_spec_prints_phase_floors(tmp_path):
     out = run_bench("spec", "--ks", "2", "--trees", "3:2:5", "--num-prompts", "2", "--max-new-tokens", "8",
                      "--out", str(tmp_path), "--plot", str(tmp_path / "spec.png"))
     assert "floors (GEMMs of the phase alone" in out
+    assert "one draft step (draft phase / k, chains): " in out and "host work between two cycles: 2: " in out
     assert "trees against the fastest chain (k=2" in out and "3x2/5: tokens/s x" in out
     assert (tmp_path / "spec.png").stat().st_size > 5000
     result = read_record(tmp_path, "spec")["results"]
