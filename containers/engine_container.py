@@ -10,6 +10,7 @@ from eyas.containers.models import ModelContainer
 from eyas.containers.speculative import SpeculativeContainer
 from eyas.engine.attention.registry import BACKENDS
 from eyas.engine.engine import Engine
+from eyas.engine.request_builder import RequestBuilder
 from eyas.engine.runner import ModelRunner
 from eyas.engine.sampling import Sampler
 from eyas.engine.scheduler import Scheduler
@@ -123,9 +124,12 @@ class EngineContainer(containers.DeclarativeContainer):
         GrammarCompiler, tokenizer_json=providers.Callable(factories.tokenizer_json, models.tokenizer),
         vocab_size=providers.Callable(factories.vocab_size, models.target_model), eos_token_ids=models.eos_token_ids,
     )
+    request_builder = Singleton(
+        RequestBuilder, tokenizer=models.tokenizer, default_sampling=default_sampling, seed=config.seed,
+        vocab_size=providers.Callable(factories.vocab_size, models.target_model), grammars=grammars,
+    )
     engine = Singleton(
         Engine, tokenizer=models.tokenizer, scheduler=scheduler, worker=worker, stop_checker=stop_checker,
-        default_sampling=default_sampling, seed=config.seed, device=models.device,
-        vocab_size=providers.Callable(factories.vocab_size, models.target_model), grammars=grammars,
+        requests=request_builder, device=models.device,
         warmup_graphs=providers.Callable(factories.warms_graphs, graph_settings, config.graphs.warmup),
     )

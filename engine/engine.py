@@ -1,14 +1,14 @@
-"""The engine: turns prompts into requests and steps schedule -> worker -> stop checks until all end."""
+"""The engine: queues the requests its `RequestBuilder` makes of prompts, steps schedule -> worker -> stop checks
+until all end, and turns each finished request into its `RequestOutput`."""
 
 import time
 
 import torch
 
-from eyas.engine.errors import ConfigError
-from eyas.engine.keyed_random import seed_words
 from eyas.engine.metrics import EngineMetrics
 from eyas.engine.outputs import RequestOutput
 from eyas.engine.request import Request
+from eyas.engine.request_builder import RequestBuilder
 from eyas.engine.sampling_params import SamplingParams
 from eyas.engine.scheduler import Scheduler
 from eyas.engine.stopping import StopChecker
@@ -17,25 +17,24 @@ from eyas.engine.tokenizer import Tokenizer
 
 class Engine:
     def __init__(self, tokenizer: Tokenizer | None, scheduler: Scheduler, worker, stop_checker: StopChecker,
-                 default_sampling: SamplingParams, seed: int, device: torch.device, warmup_graphs: bool = False,
-                 vocab_size: int | None = None, grammars=None):
-        """warmup_graphs: compile the worker's graphs now, for every batch size the scheduler may run.
-        vocab_size: the target's; token ids a request names (logit_bias, stop_token_ids) are checked against it.
-        grammars: the GrammarCompiler of requests with a `structured_output`."""
+                 requests: RequestBuilder, device: torch.device, warmup_graphs: bool = False):
+        """requests: turns prompts into checked requests. warmup_graphs: compile the worker's graphs now,
+        for every batch size the scheduler may run."""
         self.tokenizer = tokenizer
         self.scheduler = scheduler
         self.worker = worker
         self.stop_checker = stop_checker
-        self.default_sampling = default_sampling
+        self.requests = requests
         self.device = torch.device(device)
-        self.vocab_size = vocab_size
-        self.grammars = grammars
-        self._seeds = torch.Generator().manual_seed(seed)  # seeds of requests that bring none
         self._metrics = EngineMetrics()
-        self._next_id = 0
         self.closed = False
         if warmup_graphs:
             self.worker.warmup_graphs(scheduler.max_running_requests)
+
+    @property
+    def grammars(self):
+        """The GrammarCompiler of requests with a `structured_output` (None: the engine has none)."""
+        return self.requests.grammars
 
     def generate(self, prompts: str | list[str] | None = None,
                  sampling: SamplingParams | list[SamplingParams] | None = None,
@@ -60,7 +59,8 @@ class Engine:
         A request that cannot be served comes back already finished with the reason."""
         if self.closed:
             raise RuntimeError("engine is closed")
-        requests = self._make_requests(prompts, sampling, prompt_token_ids)
+        requests = self.requests.build(prompts, sampling, prompt_token_ids)
+        self._metrics.num_requests += len(requests)
         for request in requests:
             self.scheduler.add(request)
         return requests
@@ -99,40 +99,6 @@ class Engine:
 
     def __exit__(self, *exc):
         self.close()
-
-    def _make_requests(self, prompts, sampling, prompt_token_ids) -> list[Request]:
-        if (prompts is None) == (prompt_token_ids is None):
-            raise ConfigError("generate() takes exactly one of `prompts` (text) or `prompt_token_ids`")
-        if isinstance(prompts, str):
-            prompts = [prompts]
-        if prompts is not None and self.tokenizer is None:
-            raise ConfigError("this model has no tokenizer.json: pass prompt_token_ids instead of text prompts")
-        n = len(prompts) if prompts is not None else len(prompt_token_ids)
-        params = sampling if isinstance(sampling, list) else [sampling or self.default_sampling] * n
-        if len(params) != n:
-            raise ConfigError(f"sampling: got {len(params)} SamplingParams for {n} prompts")
-        for p in params:
-            p.validate()
-            if self.vocab_size is not None:
-                p.check_vocabulary(self.vocab_size)
-            if p.structured_output is not None:  # compiled now: a grammar that cannot compile runs nothing
-                if self.grammars is None:
-                    raise ConfigError("sampling.structured_output: this engine has no grammar compiler")
-                self.grammars.check(p.structured_output)
-        requests = []
-        for i in range(n):
-            p = params[i]
-            ids = self.tokenizer.encode(prompts[i]) if prompts is not None else [int(t) for t in prompt_token_ids[i]]
-            prompt = prompts[i] if prompts is not None else None
-            for index in range(p.n):  # sample i of a seeded prompt takes seed + i
-                seed = (p.seed + index) % 2**64 if p.seed is not None else \
-                    int(torch.randint(0, 2**62, (1,), generator=self._seeds))
-                grammar = None if p.structured_output is None else self.grammars.matcher(p.structured_output)
-                requests.append(Request(self._next_id, ids, p, prompt=prompt, seed_words=seed_words(seed),
-                                        sample_index=index, grammar=grammar))
-                self._next_id += 1
-        self._metrics.num_requests += len(requests)
-        return requests
 
     def output(self, request: Request) -> RequestOutput:
         """The result of a finished request (counted once in `metrics`)."""
