@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 import tomllib
+from support.source_tree import CODE_FOLDERS, ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
 
 
@@ -121,7 +121,7 @@ def graph():
 def test_the_graph_holds_every_source_module(graph):
     """Every `.py` under the code folders is in the graph (pyproject.toml lists its package)."""
     sources = {".".join(["eyas", *p.relative_to(ROOT).with_suffix("").parts]).removesuffix(".__init__")
-               for top in ("engine", "containers", "launch", "kernels", "bench", "prompts", "testing") for p in (ROOT / top).rglob("*.py")}
+               for top in CODE_FOLDERS for p in (ROOT / top).rglob("*.py")}
     assert sources | {"eyas", "eyas.__main__"} == set(graph)
 
 

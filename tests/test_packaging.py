@@ -9,9 +9,7 @@ from pathlib import Path
 
 import pytest
 import tomllib
-
-ROOT = Path(__file__).resolve().parent.parent
-CODE_FOLDERS = ("engine", "containers", "launch", "kernels", "bench", "prompts", "testing")
+from support.source_tree import CODE_FOLDERS, ROOT
 
 
 def test_every_source_package_is_listed_in_pyproject():
