@@ -58,7 +58,7 @@ def workload(n: int, wave_size: int, alternate: str) -> list[tuple[str, list[str
 def candidates_for(batch_size: int) -> list[int]:
     """Every step count the shipped tiers offer to a batch of this size or smaller."""
     adaptive = compose_config(["adaptive=throughput"])["adaptive"]
-    tiers = build_tiers(adaptive["tiers"], Candidate(0))
+    tiers = build_tiers([(t["batch_size"], t["candidates"]) for t in adaptive["tiers"]], Candidate(0))
     return sorted({c.num_steps for t in tiers[: tier_index(tiers, batch_size) + 1] for c in t.candidates
                    if c.is_configured_chain})
 

@@ -7,7 +7,7 @@ from eyas.engine.speculative.drafters.registry import drafter_class
 
 
 class ContainerDrafterParts:
-    def __init__(self, algorithm: str, spec: dict, max_branches: int, lookups: set[str], head: Callable):
+    def __init__(self, algorithm: str, spec, max_branches: int, lookups: set[str], head: Callable):
         self.algorithm, self.spec, self.max_branches, self.lookups = algorithm, spec, max_branches, lookups
         self._head = head  # the container's DraftHead provider: the draft model loads when it is first called
         self._built: dict[str, object] = {}

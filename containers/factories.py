@@ -1,11 +1,14 @@
 """Small construction helpers the containers call: pure functions from config values to objects."""
 
+import dataclasses
 from pathlib import Path
 
 import torch
 
 from eyas.engine.cache.kv_pool import PagedKVPool
 from eyas.engine.cache.prefix_cache import PrefixCache
+from eyas.engine.config.schema import AdaptiveConfig, GraphsConfig, SpeculativeConfig
+from eyas.engine.config.validation import lookups_in_use
 from eyas.engine.errors import ConfigError
 from eyas.engine.graphs.graph_runner import GraphRunner
 from eyas.engine.graphs.settings import GraphSettings, graph_settings
@@ -84,8 +87,9 @@ def head_dim_of(model) -> int:
     return model.config.head_dim
 
 
-def sampling_params(sampling: dict) -> SamplingParams:
-    return SamplingParams(**sampling)
+def sampling_params(sampling) -> SamplingParams:
+    """The `sampling` group's defaults (its fields are SamplingParams')."""
+    return SamplingParams(**vars(sampling))
 
 
 def lookahead_tokens(algorithm: str, shapes: list[Candidate]) -> int:
@@ -98,32 +102,42 @@ def lookahead_tokens(algorithm: str, shapes: list[Candidate]) -> int:
                for s in shapes)
 
 
-def speculative_shapes(spec: dict, adaptive: dict) -> list[Candidate]:
+def speculative_shapes(spec: SpeculativeConfig, adaptive: AdaptiveConfig) -> list[Candidate]:
     """The configured candidate and, with adaptive speculation, every tier's."""
     shapes = [configured_candidate(spec)]
-    if adaptive["policy"] != "off":
+    if adaptive.policy != "off":
         shapes += adaptive_candidates(adaptive)
     return shapes
 
 
-def configured_candidate(spec: dict) -> Candidate:
-    return Candidate(spec["num_steps"], spec["topk"], spec["num_draft_tokens"])
+def configured_candidate(spec: SpeculativeConfig) -> Candidate:
+    return Candidate(spec.num_steps, spec.topk, spec.num_draft_tokens)
 
 
-def max_topk(spec: dict, adaptive: dict) -> int:
+def lookups(spec: SpeculativeConfig, adaptive: AdaptiveConfig) -> set[str]:
+    """The lookups some candidate or rule drafts with, by the rule validation checks them by."""
+    return lookups_in_use(dataclasses.asdict(spec), dataclasses.asdict(adaptive))
+
+
+def adaptive_tiers(adaptive: AdaptiveConfig) -> list[tuple[int, list]]:
+    """The tiers as `(batch_size, candidates)` pairs (`tiers.build_tiers`)."""
+    return [(tier.batch_size, tier.candidates) for tier in adaptive.tiers]
+
+
+def max_topk(spec: SpeculativeConfig, adaptive: AdaptiveConfig) -> int:
     """The most children per node of any shape the worker may run."""
     return max(shape.topk for shape in speculative_shapes(spec, adaptive))
 
 
-def adaptive_candidates(adaptive: dict) -> list[Candidate]:
+def adaptive_candidates(adaptive: AdaptiveConfig) -> list[Candidate]:
     """Every tier's candidates, ordered by `Candidate.sort_key`."""
-    return sorted_candidates(parse_candidate(c) for tier in adaptive["tiers"] for c in tier["candidates"])
+    return sorted_candidates(parse_candidate(c) for tier in adaptive.tiers for c in tier.candidates)
 
 
-def drafter_name(algorithm: str, adaptive: dict) -> str:
+def drafter_name(algorithm: str, adaptive: AdaptiveConfig) -> str:
     """The drafter to build: the one `algorithm` names, or the host (`registry.HOST`, which drafts as the
     head alone, as each lookup alone, or as its own rule) when adaptive tiers list other drafters."""
-    others = adaptive["policy"] != "off" and any(c.drafter is not None for c in adaptive_candidates(adaptive))
+    others = adaptive.policy != "off" and any(c.drafter is not None for c in adaptive_candidates(adaptive))
     return HOST if others else algorithm
 
 
@@ -195,8 +209,8 @@ def draft_kv_pool(draft, num_pages: int, page_size: int, device: torch.device) -
     return PagedKVPool(getattr(draft, "num_kv_layers", 1), num_pages, page_size, cfg.num_key_value_heads, cfg.head_dim, model_dtype_of(draft), device)
 
 
-def graph_settings_for(graphs: dict, device: torch.device) -> GraphSettings:
-    return graph_settings(graphs, device.type)
+def graph_settings_for(graphs: GraphsConfig, device: torch.device) -> GraphSettings:
+    return graph_settings(graphs.mode, graphs.batch_sizes, graphs.max_context, graphs.cache_dir, device.type)
 
 
 def graph_runner(settings: GraphSettings, model, kv_pool: PagedKVPool, req_to_token: torch.Tensor, phase: str,

@@ -7,9 +7,10 @@ from dependency_injector import containers, providers
 from eyas.containers import factories
 from eyas.containers.engine_container import EngineContainer
 from eyas.containers.scope import BuildTrackingSingleton as Singleton
+from eyas.engine.chat_template import ChatTemplate, ModelChatTemplate
+from eyas.engine.config.schema import Config
 from eyas.engine.errors import ConfigError
 from eyas.engine.serve.app import create_app
-from eyas.engine.chat_template import ChatTemplate, ModelChatTemplate
 from eyas.engine.serve.loop import EngineLoop
 from eyas.engine.serve.metrics import ServerMetrics
 
@@ -18,9 +19,10 @@ def served_name(configured: str | None, model_path: str) -> str:
     return configured or Path(model_path).expanduser().resolve().name
 
 
-def chat_template(template: dict, model_template: ModelChatTemplate | None) -> ChatTemplate | ModelChatTemplate:
-    """The checkpoint's own template when it has one and `server.chat_template.from_model`, else the formats."""
-    formats = ChatTemplate(**template)
+def chat_template(template, model_template: ModelChatTemplate | None) -> ChatTemplate | ModelChatTemplate:
+    """The checkpoint's own template when it has one and `server.chat_template.from_model`, else the formats
+    (the group's fields are ChatTemplate's)."""
+    formats = ChatTemplate(**vars(template))
     if model_template is not None and formats.from_model:
         return model_template  # its turn ends at the end-of-turn token: the checkpoint's eos
     return formats
@@ -39,18 +41,18 @@ def required_tokenizer(tokenizer, model_path: str):
 
 
 class ServerContainer(containers.DeclarativeContainer):
-    config = providers.Configuration(strict=True)
+    config = providers.Dependency(instance_of=Config)  # with its `server` group
 
     engine_container = providers.Container(EngineContainer, config=config)
-    loop = Singleton(EngineLoop, engine=engine_container.engine, max_queue=config.server.max_queue)
+    loop = Singleton(EngineLoop, engine=engine_container.engine, max_queue=config.provided.server.max_queue)
     metrics = Singleton(metrics_of, loop)
     app = Singleton(
-        create_app, loop=loop, metrics=metrics, tokenizer=providers.Callable(required_tokenizer, engine_container.models.tokenizer, config.model.path),
-        model_name=providers.Callable(served_name, config.server.served_model_name, config.model.path),
+        create_app, loop=loop, metrics=metrics, tokenizer=providers.Callable(required_tokenizer, engine_container.models.tokenizer, config.provided.model.path),
+        model_name=providers.Callable(served_name, config.provided.server.served_model_name, config.provided.model.path),
         vocab_size=providers.Callable(factories.vocab_size, engine_container.models.target_model),
         context_len=engine_container.cache.max_context_len,
         defaults=engine_container.default_sampling,
-        chat_template=providers.Callable(chat_template, config.server.chat_template,
+        chat_template=providers.Callable(chat_template, config.provided.server.chat_template,
                                          engine_container.models.chat_template),
-        api_key=config.server.api_key, max_body_bytes=config.server.max_body_bytes,
+        api_key=config.provided.server.api_key, max_body_bytes=config.provided.server.max_body_bytes,
     )

@@ -11,8 +11,9 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from eyas.engine.assets import asset_path
+from eyas.engine.config.schema import Config
 from eyas.engine.errors import ConfigError
-from eyas.launch.schema import CONF_DIR, Config, register_schemas
+from eyas.launch.schema import CONF_DIR, register_schemas
 
 
 def config_dir() -> str:

@@ -1,4 +1,5 @@
-"""The composed config (a plain dict): `resolve` fills in what it derives, `validate` checks the result."""
+"""The composed config (a plain dict, checked against `schema`): `resolve` fills in what it derives, `validate`
+checks the result; the containers receive it as `schema`'s dataclasses."""
 
 from eyas.engine.config.resolution import resolve
 from eyas.engine.config.validation import validate

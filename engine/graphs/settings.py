@@ -34,31 +34,30 @@ class GraphSettings:
         return self.batch_sizes[-1]
 
 
-def _sorted_positive(name: str, values) -> tuple[int, ...]:
+def _check_positive(name: str, values) -> None:
     message = f"graphs.{name} must be a non-empty list of integers >= 1, got {values!r}"
     if not isinstance(values, (list, tuple)) or not values:
         raise ConfigError(message)
     if any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in values):
         raise ConfigError(message)
-    return tuple(sorted(set(values)))
 
 
 def validate_graphs(graphs: dict) -> None:
     """Raises ConfigError naming the first `graphs.*` field that is not allowed."""
-    graph_settings(graphs, "cpu")
-
-
-def graph_settings(graphs: dict, device_type: str) -> GraphSettings:
-    """Validated settings of the `graphs` group for a device of `device_type`, `auto` resolved."""
     mode = graphs["mode"]
     if mode not in MODES:
         raise ConfigError(f"graphs.mode must be one of {list(MODES)}, got {mode!r}")
-    if mode == "auto":
-        mode = "aot" if device_type == "cpu" else "eager"
     if not isinstance(graphs.get("warmup", True), bool):
         raise ConfigError(f"graphs.warmup must be true or false, got {graphs['warmup']!r}")
     cache_dir = graphs["cache_dir"]
     if cache_dir is not None and (not isinstance(cache_dir, str) or not cache_dir):
         raise ConfigError(f"graphs.cache_dir must be a directory path or null, got {cache_dir!r}")
-    return GraphSettings(mode, _sorted_positive("batch_sizes", graphs["batch_sizes"]),
-                         _sorted_positive("max_context", graphs["max_context"]), cache_dir)
+    _check_positive("batch_sizes", graphs["batch_sizes"])
+    _check_positive("max_context", graphs["max_context"])
+
+
+def graph_settings(mode: str, batch_sizes, max_context, cache_dir: str | None, device_type: str) -> GraphSettings:
+    """Settings of a checked `graphs` group for a device of `device_type`, `auto` resolved."""
+    if mode == "auto":
+        mode = "aot" if device_type == "cpu" else "eager"
+    return GraphSettings(str(mode), tuple(sorted(set(batch_sizes))), tuple(sorted(set(max_context))), cache_dir)

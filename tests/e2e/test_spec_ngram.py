@@ -2,11 +2,10 @@
 plain decoding at batch 16 (chains and trees, greedy and seeded sampling, both attention backends,
 adaptive), the command line with no other override, and its config errors."""
 
-import json
 import random
 
 import pytest
-from support import build_engine, run_cli
+from support import assert_cli_run_equals_plain, build_engine
 from support.engines import PARAMS_16, REPEATING_PROMPTS, engine_overrides, random_requests_match_plain
 
 from eyas import ConfigError, SamplingParams
@@ -80,17 +79,6 @@ def test_no_kv_leak_after_random_requests_with_ngram(spec_pair):
     overrides = engine_overrides(spec_pair[0], "ngram", "cache.page_size=16", "cache.max_total_tokens=1024",
                                  "cache.max_running_requests=24", num_steps=5, topk=2, nodes=9)
     random_requests_match_plain(spec_pair[0], overrides, 150, seed=5, vocab=40)  # few ids: many repeats
-
-
-def assert_cli_run_equals_plain(algorithm: str, tmp_path) -> None:
-    """`python -m eyas speculative=<algorithm>` alone runs, speculates, and prints plain decoding's text."""
-    proc = run_cli(f"speculative={algorithm}", "sampling.max_new_tokens=32", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    assert "tau" in proc.stdout
-    plain = run_cli("speculative=none", "sampling.max_new_tokens=32", cwd=tmp_path)
-    outputs = sorted(tmp_path.glob("outputs/*/*/outputs.json"))
-    texts = [json.loads(p.read_text())["outputs"][0]["text"] for p in outputs]
-    assert plain.returncode == 0 and len(texts) == 2 and texts[0] == texts[1]
 
 
 @pytest.mark.slow  # a process; the README's `python -m eyas speculative=ngram` runs by default

@@ -5,9 +5,8 @@ draft), the command line with no other override, and a draft LM that does not fi
 
 
 import pytest
-from support import build_engine
+from support import assert_cli_run_equals_plain, build_engine
 from support.engines import PARAMS_16, PROMPTS, PROMPTS_16, engine_overrides, random_requests_match_plain
-from test_spec_ngram import assert_cli_run_equals_plain
 
 from eyas import SamplingParams
 from eyas.engine.assets import asset_path

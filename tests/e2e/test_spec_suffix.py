@@ -7,9 +7,8 @@ import random
 from collections import Counter
 
 import pytest
-from support import build_engine
+from support import assert_cli_run_equals_plain, build_engine
 from support.engines import PARAMS_16, REPEATING_PROMPTS, engine_overrides, random_requests_match_plain
-from test_spec_ngram import assert_cli_run_equals_plain
 
 from eyas import ConfigError, SamplingParams
 from eyas.engine.speculative.drafters.suffix_index import SuffixIndex, _match_length

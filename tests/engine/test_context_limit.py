@@ -15,6 +15,7 @@ from eyas.containers.cache import CacheContainer
 from eyas.engine.cache.allocator import PageAllocator
 from eyas.engine.cache.manager import KVCacheManager
 from eyas.engine.cache.req_to_token import ReqToTokenTable
+from eyas.engine.config.schema import CacheConfig
 from eyas.engine.request import Request
 from eyas.engine.scheduler import Scheduler
 from eyas.engine.stopping import StopChecker
@@ -79,8 +80,8 @@ def test_growth_fills_the_lookahead_columns_up_to_the_table_width(page_size):
 
 def test_the_cache_container_builds_the_table_from_the_configured_limit():
     model = SimpleNamespace(config=SimpleNamespace(sliding_window=None, max_position_embeddings=4096))
-    config = dict(page_size=16, max_total_tokens=1024, max_running_requests=4, max_prefill_tokens=512,
-                  max_context_len=LIMIT)
+    config = CacheConfig(page_size=16, max_total_tokens=1024, max_running_requests=4, max_prefill_tokens=512,
+                         max_context_len=LIMIT)
     for lookahead in (0, 6):
         cache = CacheContainer(config=config, device=torch.device("cpu"), target_model=model,
                                lookahead_tokens=lookahead)

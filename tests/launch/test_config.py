@@ -13,6 +13,7 @@ from eyas.containers.build import build_container
 from eyas.engine.config import prepare, resolve, validate
 from eyas.engine.speculative.candidate import parse_candidate
 from eyas.launch.compose import config_dir
+from eyas.engine.config.schema import Config
 
 GROUPS = ["model", "draft", "speculative", "attention", "adaptive", "sampling", "cache", "experiment"]
 
@@ -43,18 +44,18 @@ def overrides_for(group: str, option: str, checkpoint) -> list[str]:
 @pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in options(g)])
 def test_every_option_composes_and_builds(gqa_checkpoint, group, option):
     container = build_container(compose_config(overrides_for(group, option, gqa_checkpoint)))
-    config = container.config()  # resolved
+    config = container.config()  # resolved, as the schema's dataclasses
+    assert isinstance(config, Config)
     engine = container.engine()
-    assert engine.scheduler.kv.allocator.num_pages == config["cache"]["max_total_tokens"] // config["cache"]["page_size"]
+    assert engine.scheduler.kv.allocator.num_pages == config.cache.max_total_tokens // config.cache.page_size
     runner = getattr(engine.worker, "target_runner", None) or engine.worker.runner
-    assert type(runner.attn_backend).name == config["attention"]["backend"]
-    if config["draft"]["kind"] != "none":
-        assert container.speculative.draft_model().kind == config["draft"]["kind"]
-    elif config["speculative"]["algorithm"] == "ngram":  # no draft model: the target captures no features
+    assert type(runner.attn_backend).name == config.attention.backend
+    if config.draft.kind != "none":
+        assert container.speculative.draft_model().kind == config.draft.kind
+    elif config.speculative.algorithm == "ngram":  # no draft model: the target captures no features
         assert type(engine.worker.drafter).__name__ == "NgramDrafter"
-    if config["adaptive"]["policy"] != "off":
-        tiers = config["adaptive"]["tiers"]
-        candidates = {parse_candidate(c) for t in tiers for c in t["candidates"]}
+    if config.adaptive.policy != "off":
+        candidates = {parse_candidate(c) for t in config.adaptive.tiers for c in t.candidates}
         assert {parse_candidate(c) for c in engine.worker.candidate_states} == candidates
         assert engine.scheduler.lookahead_tokens == max(c.num_steps for c in candidates) + 1
 

@@ -2,6 +2,7 @@
 overrides choose a model group (the package's default, SmolLM2, is fetched once from the package index;
 most tests run offline on the tiny pair and on fixtures written over its config)."""
 
+import json
 import subprocess
 import sys
 
@@ -34,3 +35,14 @@ def compose_config(overrides=(), config_name: str = "config") -> dict:
 
 def build_engine(overrides=(), config: dict | None = None):
     return build_engine_of(overrides, config) if config is not None else build_engine_of(on_tiny(overrides))
+
+
+def assert_cli_run_equals_plain(algorithm: str, tmp_path) -> None:
+    """`python -m eyas speculative=<algorithm>` alone runs, speculates, and prints plain decoding's text."""
+    proc = run_cli(f"speculative={algorithm}", "sampling.max_new_tokens=32", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "tau" in proc.stdout
+    plain = run_cli("speculative=none", "sampling.max_new_tokens=32", cwd=tmp_path)
+    outputs = sorted(tmp_path.glob("outputs/*/*/outputs.json"))
+    texts = [json.loads(p.read_text())["outputs"][0]["text"] for p in outputs]
+    assert plain.returncode == 0 and len(texts) == 2 and texts[0] == texts[1]

@@ -1,5 +1,6 @@
 """The tiny random checkpoints the tests run on, and the session's directories that fixtures fill once."""
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -42,3 +43,17 @@ def fixture_dir(tmp_path_factory, name: str, build) -> Path:
         build(path)
         (path / ".complete").touch()
     return path
+
+
+def copy_checkpoint(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+def edit_config(path, **changes):
+    """Set the given config.json fields; a None value removes the field."""
+    config = json.loads((path / "config.json").read_text())
+    config.update(changes)
+    for key in [k for k, v in changes.items() if v is None]:
+        config.pop(key)
+    (path / "config.json").write_text(json.dumps(config))

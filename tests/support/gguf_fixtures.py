@@ -14,6 +14,8 @@ import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from support.checkpoints import fixture_dir
+
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2 (trained first)
 BOS, EOS = 1, 2  # as SmolLM2-Instruct's file: <|im_start|>, <|im_end|>
 CORPUS = [
@@ -219,3 +221,24 @@ def cache_root(gguf_cache, monkeypatch):
     """Metadata directories are built in a cache root of the tests', never in the user's (the modules that
     read GGUF files use it for every test: `pytestmark = pytest.mark.usefixtures("cache_root")`)."""
     monkeypatch.setenv("EYAS_CACHE_DIR", str(gguf_cache))
+
+
+@pytest.fixture(scope="session")
+def gguf_model(tmp_path_factory):
+    """gguf_model(arch, qtype, pre="default") -> a fixture file, written once per session."""
+    def get(arch: str, qtype: str, pre: str = "default"):
+        name = f"gguf-{arch}-{qtype}-{pre}"
+        return fixture_dir(tmp_path_factory, name, lambda d: write_gguf(d / f"{name}.gguf", arch, qtype, pre=pre)) \
+            / f"{name}.gguf"
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """The tiny models run on one CPU thread (a second one only waits on the first at these shapes, and
+    seconds per test where the cores are busy; the count is restored for the modules after this one: `usefixtures("one_thread")`)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

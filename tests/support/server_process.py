@@ -12,6 +12,11 @@ from pathlib import Path
 
 from support import cli_on_tiny
 
+MODEL = "target"  # the shipped target's directory name
+# code prompts for the shipped code model the server runs; what it serves is compared with the offline engine's
+SERVED_PROMPTS = ["def fibonacci(n):", "import numpy as np\n", "class Stack:\n    def push(self, x):",
+                  "for i in range(10):", "# sort a list of numbers\n", "def read_file(path):\n    with open(path) as f:"]
+
 
 def free_port() -> int:
     with socket.socket() as s:

@@ -45,13 +45,13 @@ def middle_candidate(candidates) -> Candidate:
     return chains[len(chains) // 2]
 
 
-def build_tiers(tiers: list[dict], configured: Candidate) -> list[Tier]:
-    """Tiers from the (validated) config; each starts at the configured candidate when it is one of
-    its candidates, else at its middle candidate."""
+def build_tiers(tiers, configured: Candidate) -> list[Tier]:
+    """Tiers from the (validated) config's `(batch_size, candidates)` pairs; each starts at the configured
+    candidate when it is one of its candidates, else at its middle candidate."""
     built = []
-    for tier in tiers:
-        candidates = tuple(parse_candidate(c) for c in tier["candidates"])
+    for batch_size, listed in tiers:
+        candidates = tuple(parse_candidate(c) for c in listed)
         initial = configured if configured in candidates else middle_candidate(candidates)
-        built.append(Tier.from_config(tier["batch_size"], candidates, initial))
+        built.append(Tier.from_config(batch_size, candidates, initial))
     return built
 

@@ -55,9 +55,9 @@ class HybridDrafter:
         """The head's drafter and every lookup in use; the configured drafter's candidates draft as the
         hybrid rule (`speculative=hybrid`) or as the head alone (another drafter hosts the tiers' lookups)."""
         lookups = {name: parts.drafter(name) for name in sorted(parts.lookups)}
-        return cls(parts.drafter("eagle"), lookups, parts.spec["ngram_trust"],
+        return cls(parts.drafter("eagle"), lookups, parts.spec.ngram_trust,
                    configured_mode=HOST if parts.algorithm == HOST else "head",
-                   hybrid_lookup=parts.spec["hybrid_lookup"])
+                   hybrid_lookup=parts.spec.hybrid_lookup)
 
     @property
     def head(self):

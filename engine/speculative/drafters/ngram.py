@@ -25,7 +25,7 @@ class NgramDrafter:
 
     @classmethod
     def from_parts(cls, parts) -> "NgramDrafter":
-        return cls(parts.spec["ngram_min_match"], parts.spec["ngram_max_match"], parts.max_branches)
+        return cls(parts.spec.ngram_min_match, parts.spec.ngram_max_match, parts.max_branches)
 
     def __init__(self, min_match: int, max_match: int, max_branches: int):
         self.min_match, self.max_match, self.max_branches = min_match, max_match, max_branches

@@ -9,9 +9,9 @@ follows the `Drafter` protocol (`base.py`) and builds itself from `DrafterParts`
 
 from dataclasses import dataclass
 from importlib import import_module
-from typing import Protocol
+from typing import Any, Protocol
 
-from eyas.engine.models.draft_loader import DRAFT_MODELS  # the draft model kinds ("none": no draft model)
+from eyas.engine.models.draft_loader import DRAFT_MODELS  # noqa: F401  (the draft model kinds; "none": no draft model)
 
 PLAIN = "none"  # speculative.algorithm of plain decoding: no drafter
 HOST = "hybrid"  # the drafter built when adaptive tiers list other drafters: it drafts as each of them
@@ -91,7 +91,7 @@ class DrafterParts(Protocol):
     once, when first asked for)."""
 
     algorithm: str  # the configured speculative.algorithm
-    spec: dict  # the speculative config group
+    spec: Any  # the speculative config group: its fields as attributes
     max_branches: int  # the most children per node of any shape the worker may run
     lookups: set[str]  # the lookups some candidate or rule drafts with
 

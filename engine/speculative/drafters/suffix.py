@@ -33,9 +33,9 @@ class SuffixDrafter:
     @classmethod
     def from_parts(cls, parts) -> "SuffixDrafter":
         spec = parts.spec  # the index keys on the n-gram lengths ngram_min_match..ngram_max_match
-        index = SuffixIndex(range(spec["ngram_min_match"], spec["ngram_max_match"] + 1), spec["suffix_max_match"],
-                            spec["suffix_max_tokens"], max_occurrences=MAX_OCCURRENCES)
-        return cls(index, spec["suffix_max_spec_factor"], spec["suffix_min_token_prob"])
+        index = SuffixIndex(range(spec.ngram_min_match, spec.ngram_max_match + 1), spec.suffix_max_match,
+                            spec.suffix_max_tokens, max_occurrences=MAX_OCCURRENCES)
+        return cls(index, spec.suffix_max_spec_factor, spec.suffix_min_token_prob)
 
     def __init__(self, index: SuffixIndex, max_spec_factor: float, min_token_prob: float):
         self.index = index

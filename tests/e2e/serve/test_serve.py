@@ -15,14 +15,9 @@ import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
 from support import build_engine
-from support.server_process import ServerProcess
+from support.server_process import MODEL, SERVED_PROMPTS, ServerProcess
 
 from eyas import SamplingParams
-
-MODEL = "target"  # the shipped target's directory name
-# code prompts for the shipped code model the server runs; what it serves is compared with the offline engine's
-SERVED_PROMPTS = ["def fibonacci(n):", "import numpy as np\n", "class Stack:\n    def push(self, x):",
-                  "for i in range(10):", "# sort a list of numbers\n", "def read_file(path):\n    with open(path) as f:"]
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,7 @@ import openai
 import pytest
 from openai import OpenAI
 from support import build_engine
-from support.server_process import ServerProcess
-from test_serve import MODEL, SERVED_PROMPTS
+from support.server_process import MODEL, SERVED_PROMPTS, ServerProcess
 
 from eyas import SamplingParams
 

@@ -16,7 +16,7 @@ from eyas import SamplingParams
 from eyas.containers.adaptive import build_candidate_states
 from eyas.containers.build import build_container
 from eyas.engine.errors import ConfigError
-from eyas.engine.graphs.settings import graph_settings
+from eyas.engine.graphs.settings import graph_settings, validate_graphs
 from eyas.engine.speculative.bindings import snapshot_bindings
 from eyas.engine.speculative.candidate import Candidate
 
@@ -134,13 +134,15 @@ def test_eager_builds_no_runner(gqa_checkpoint, spec_pair):
 def test_settings_errors_name_the_field(field, value, message):
     graphs = {"mode": "compile", "batch_sizes": [1, 8], "max_context": [256], "cache_dir": None, field: value}
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
-        graph_settings(graphs, "cpu")
+        validate_graphs(graphs)
 
 
 def test_auto_compiles_ahead_of_time_on_cpu_only():
-    graphs = {"mode": "auto", "batch_sizes": [8, 1, 2], "max_context": [512], "cache_dir": None}
-    assert graph_settings(graphs, "cpu").mode == "aot" and graph_settings(graphs, "cuda").mode == "eager"
-    assert graph_settings(graphs, "cpu").batch_sizes == (1, 2, 8)
+    def settings(device_type):
+        return graph_settings("auto", [8, 1, 2], [512], None, device_type)
+
+    assert settings("cpu").mode == "aot" and settings("cuda").mode == "eager"
+    assert settings("cpu").batch_sizes == (1, 2, 8)
 
 
 def test_cli_refuses_an_unknown_mode_naming_the_field():

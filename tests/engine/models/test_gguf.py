@@ -12,14 +12,13 @@ import numpy as np
 import pytest
 import torch
 from support import build_engine
-from support.checkpoints import fixture_dir
 from support.engines import PLAIN
+from support.forwards import dense_logits
 from support.gguf_fixtures import (BOS, EOS, QTYPES, SHAPE, THETA, hf_model, random_weights, reference_tokenizer,
                                    write_gguf)
 from tokenizers import Tokenizer as HFTokenizer
 
 from eyas import SamplingParams
-from eyas.engine.attention.dense import dense_batch, dense_positions
 from eyas.engine.chat_template import ModelChatTemplate, model_chat_template
 from eyas.engine.errors import CheckpointError
 from eyas.engine.models import gguf_file
@@ -30,7 +29,7 @@ from eyas.engine.tokenizer import Tokenizer
 
 gguf = pytest.importorskip("gguf")  # eyas's optional dependency for .gguf files
 
-pytestmark = pytest.mark.usefixtures("cache_root")  # metadata directories in the tests' cache root
+pytestmark = pytest.mark.usefixtures("cache_root", "one_thread")  # metadata directories in the tests' cache root
 
 # prompts of unequal token lengths: code, digits (merged by the trained BPE), a ChatML turn (special tokens)
 PROMPTS = ["def add(a, b):", "x = 12345 + 67890",
@@ -39,27 +38,6 @@ NEW_TOKENS = 16
 # texts the tokenizers must agree on: specials, digits, whitespace runs, multi-byte characters
 TEXTS = [*PROMPTS, "  two  spaces\t\ttabs\n\n\nlines", "héllo wörld 😀 ÿ", "<|endoftext|>price: 19.99<|im_end|>",
          ""]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tiny models run on one CPU thread (a second one only waits on the first at these shapes, and
-    seconds per test where the cores are busy); the count is restored for the modules after this one."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="session")
-def gguf_model(tmp_path_factory):
-    """gguf_model(arch, qtype, pre="default") -> a fixture file, written once per session."""
-    def get(arch: str, qtype: str, pre: str = "default"):
-        name = f"gguf-{arch}-{qtype}-{pre}"
-        return fixture_dir(tmp_path_factory, name, lambda d: write_gguf(d / f"{name}.gguf", arch, qtype, pre=pre)) \
-            / f"{name}.gguf"
-
-    return get
 
 
 def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -74,12 +52,6 @@ def hf_order(name: str, w: np.ndarray) -> np.ndarray:
     if name.endswith("attn_k.weight"):
         return unpermute(w, SHAPE["kv_heads"])
     return w
-
-
-def dense_logits(model, ids: list[int]) -> torch.Tensor:
-    t = len(ids)
-    hidden, _ = model(torch.tensor(ids), dense_positions(1, t, "cpu"), dense_batch(1, t))
-    return model.compute_logits(hidden)
 
 
 @pytest.mark.parametrize("qtype", QTYPES)

@@ -13,8 +13,8 @@ import torch
 from support import build_engine
 from support.checkpoints import fixture_dir
 from support.engines import PLAIN, engine_overrides, random_requests_match_plain
+from support.forwards import dense_logits
 from support.gguf_fixtures import BOS, write_gguf
-from test_gguf import dense_logits, gguf_model, one_thread  # noqa: F401 (fixtures)
 
 from eyas.engine.cpu_ops import cpu_ops_error
 from eyas.engine.errors import ConfigError
@@ -30,7 +30,7 @@ pytest.importorskip("gguf")
 if cpu_ops_error() is not None:
     pytest.skip(f"eyas's CPU kernels cannot be built here: {cpu_ops_error()}", allow_module_level=True)
 
-pytestmark = pytest.mark.usefixtures("cache_root")  # metadata directories in the tests' cache root
+pytestmark = pytest.mark.usefixtures("cache_root", "one_thread")  # metadata directories in the tests' cache root
 
 ENGINE = ["num_threads=1", "cache=small"]
 

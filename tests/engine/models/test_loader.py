@@ -1,31 +1,17 @@
 """Checkpoint loading: layouts that work, and clear errors for those that cannot."""
 
 import json
-import shutil
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from support import build_engine
+from support.checkpoints import copy_checkpoint, edit_config
 from support.engines import PLAIN, engine_overrides
 
 from eyas import CheckpointError, ConfigError, SamplingParams
 from eyas.engine.models.loader import load_model
 from eyas.testing.checkpoints import write_llama
-
-
-def copy_checkpoint(src, dst):
-    shutil.copytree(src, dst)
-    return dst
-
-
-def edit_config(path, **changes):
-    """Set the given config.json fields; a None value removes the field."""
-    config = json.loads((path / "config.json").read_text())
-    config.update(changes)
-    for key in [k for k, v in changes.items() if v is None]:
-        config.pop(key)
-    (path / "config.json").write_text(json.dumps(config))
 
 
 def edit_tensors(path, fn):

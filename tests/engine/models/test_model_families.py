@@ -4,9 +4,9 @@ honour is refused, the Triton backend runs them, and EAGLE heads over a Qwen3 ta
 
 import pytest
 from support import build_engine
+from support.checkpoints import copy_checkpoint, edit_config
 from support.engines import PLAIN, engine_overrides
 from support.oracle import ORACLE_PROMPTS, hf_greedy, hf_model
-from test_loader import copy_checkpoint, edit_config
 
 from eyas import CheckpointError, ConfigError, SamplingParams
 from eyas.engine.models.config import load_model_config

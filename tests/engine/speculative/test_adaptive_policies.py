@@ -227,8 +227,7 @@ class Fixed:
 
 
 def test_controller_pads_batch_to_its_tier_and_counts_switches():
-    tiers = build_tiers([{"batch_size": 1, "candidates": [1, 3]}, {"batch_size": 8, "candidates": [0, 1]},
-                         {"batch_size": 32, "candidates": [0]}], configured=C(3))
+    tiers = build_tiers([(1, [1, 3]), (8, [0, 1]), (32, [0])], configured=C(3))
     assert [t.candidates for t in tiers] == [chains(1, 3), chains(0, 1), chains(0)]
     assert [t.initial for t in tiers] == [C(3), C(1), C(0)]  # 3 where it is a candidate, else the middle one
     assert [tier_index(tiers, b) for b in (1, 2, 8, 9, 32, 500)] == [0, 1, 1, 2, 2, 2]
@@ -487,8 +486,7 @@ def test_throughput_explores_tree_shapes_after_the_chains_and_probes_them_in_tur
 
 
 def test_controller_reports_tree_shapes_by_label():
-    tiers = build_tiers([{"batch_size": 4, "candidates": [1, 3, {"num_steps": 5, "topk": 4, "num_draft_tokens": 16}]}],
-                        configured=TREE)
+    tiers = build_tiers([(4, [1, 3, {"num_steps": 5, "topk": 4, "num_draft_tokens": 16}])], configured=TREE)
     assert tiers[0].initial == TREE and tiers[0].candidates == (C(1), C(3), TREE)
     c = AdaptiveController(tiers, Fixed)
     assert c.choose(2) == TREE and c.choose(3) == TREE

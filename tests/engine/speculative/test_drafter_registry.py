@@ -6,14 +6,14 @@ from pathlib import Path
 import pytest
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
+from support import build_engine, compose_config
 
+from eyas.engine.config import schema
 from eyas.engine.speculative.drafters.base import Drafter
 from eyas.engine.speculative.drafters.hybrid import MODES
-from eyas.engine.speculative.drafters.registry import (ALGORITHMS, DRAFT_MODELS, DRAFTERS, LOOKUPS, PLAIN,
-                                                       drafter_class)
-from eyas.launch import schema
+from eyas.engine.speculative.drafters.registry import ALGORITHMS, DRAFT_MODELS, DRAFTERS, LOOKUPS, PLAIN, drafter_class
+from eyas.launch import schema as launch_schema
 from eyas.launch.compose import config_dir
-from support import build_engine, compose_config
 
 PROTOCOL = [name for name, _ in inspect.getmembers(Drafter, inspect.isfunction) if not name.startswith("_")]
 
@@ -44,12 +44,12 @@ def test_every_config_file_of_a_drafter_group_names_a_registry_row():
 
 
 def test_a_drafter_without_config_files_gets_its_groups_from_its_row(monkeypatch, tmp_path):
-    """register_schemas stores speculative/<name> and draft/<name> for a row with no yaml of its own."""
-    monkeypatch.setattr(schema, "CONF_DIR", tmp_path)  # as if no drafter shipped a config file
+    """`register_schemas` stores speculative/<name> and draft/<name> for a row with no yaml of its own."""
+    monkeypatch.setattr(launch_schema, "CONF_DIR", tmp_path)  # as if no drafter shipped a config file
     repo = ConfigStore.instance().repo
     before = {group: dict(repo.get(group, {})) for group in ("speculative", "draft")}
     try:
-        schema.register_schemas()
+        launch_schema.register_schemas()
         store = ConfigStore.instance()
         for name, row in DRAFTERS.items():
             spec = OmegaConf.structured(store.load(f"speculative/{name}.yaml").node)
