@@ -4,6 +4,7 @@ from dependency_injector import containers, providers
 
 from eyas.containers import factories
 from eyas.containers.adaptive import build_candidate_states
+from eyas.containers.background_graphs import background_graphs
 from eyas.containers.cache import CacheContainer
 from eyas.containers.models import ModelContainer
 from eyas.containers.scope import BuildTrackingSingleton as Singleton
@@ -64,6 +65,9 @@ class EngineContainer(containers.DeclarativeContainer):
     )
     decode_graph = Singleton(factories.graph_runner, graph_settings, models.target_model, cache.target_pool,
                              req_to_token, "decode", max_width=1)
+    # graphs.mode=auto: the decode runner swapped in once a background process has compiled its packages
+    decode_graph_later = providers.Factory(factories.background_runner, graph_settings, models.target_model,
+                                           cache.target_pool, req_to_token, "decode", max_width=1)
     exact_logprobs = providers.Callable(factories.exact_logprobs, config.provided.attention.exact_logprobs, config.provided.attention.backend)
     decode_worker = Singleton(DecodeWorker, runner=target_runner, req_to_token=req_to_token, sampler=sampler,
                               graph=decode_graph, exact_logprobs=exact_logprobs)
@@ -129,8 +133,11 @@ class EngineContainer(containers.DeclarativeContainer):
         RequestBuilder, tokenizer=models.tokenizer, default_sampling=default_sampling, seed=config.provided.seed,
         vocab_size=providers.Callable(factories.vocab_size, models.target_model), grammars=grammars,
     )
+    graphs_in_background = Singleton(background_graphs, graph_settings, __self__, config,
+                                     config.provided.cache.max_running_requests)
     engine = Singleton(
         Engine, tokenizer=models.tokenizer, scheduler=scheduler, worker=worker, stop_checker=stop_checker,
         requests=request_builder, device=models.device,
         warmup_graphs=providers.Callable(factories.warms_graphs, graph_settings, config.provided.graphs.warmup),
+        graphs=graphs_in_background,
     )

@@ -215,12 +215,19 @@ def graph_settings_for(graphs: GraphsConfig, device: torch.device) -> GraphSetti
 
 def graph_runner(settings: GraphSettings, model, kv_pool: PagedKVPool, req_to_token: torch.Tensor, phase: str,
                  capture_layers: tuple[int, ...] = (), max_width: int | None = None) -> GraphRunner | None:
-    """A runner of `phase`'s forwards as graphs; None when graphs are off (the phase runs eager)."""
-    if not settings.enabled:
+    """A runner of `phase`'s forwards as graphs; None when graphs are off or come later, in the background
+    (the phase runs eager)."""
+    if not settings.enabled or settings.background:
         return None
     return GraphRunner(model, kv_pool, req_to_token, settings, phase, capture_layers, max_width)
 
 
+def background_runner(settings: GraphSettings, model, kv_pool: PagedKVPool, req_to_token: torch.Tensor, phase: str,
+                      capture_layers: tuple[int, ...] = (), max_width: int | None = None) -> GraphRunner:
+    """A runner of `phase`'s forwards that loads the packages a background process compiled."""
+    return GraphRunner(model, kv_pool, req_to_token, settings, phase, capture_layers, max_width)
+
+
 def warms_graphs(settings: GraphSettings, warmup: bool) -> bool:
-    """Whether the engine compiles its graphs when it starts (graphs on, and `graphs.warmup`)."""
-    return settings.enabled and warmup
+    """Whether the engine compiles its graphs when it starts (graphs on in its own process, and `graphs.warmup`)."""
+    return settings.enabled and not settings.background and warmup

@@ -50,6 +50,11 @@ class ProviderScope:
         self.snapshot = None
         self.is_open = False
 
+    @classmethod
+    def open_for(cls, key: object) -> bool:
+        """Whether a scope of `key` is open (a build under overrides is under way)."""
+        return bool(cls._open.get(id(key)))
+
     def __enter__(self) -> "ProviderScope":
         if self.is_open:
             raise RuntimeError("this ProviderScope is already open")

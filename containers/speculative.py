@@ -106,6 +106,13 @@ class SpeculativeContainer(containers.DeclarativeContainer):
                                max_width=1),
         none=providers.Object(None),
     )
+    # graphs.mode=auto: the runners swapped in once a background process has compiled their packages
+    verify_graph_later = providers.Factory(
+        factories.background_runner, graph_settings, target_model, target_pool, req_to_token, "verify", capture_layers,
+    )
+    draft_graph_later = providers.Factory(
+        factories.background_runner, graph_settings, draft_model, draft_pool, req_to_token, "draft", max_width=1,
+    )
     # everything that depends on the candidate, built fresh on each call
     runtime_state = providers.Factory(
         SpecRuntimeState.create, candidate=candidate, backend_factory=backend_factory, verify_backend=verify_backend,

@@ -5,6 +5,7 @@ import time
 
 import torch
 
+from eyas.engine.graphs.background import BackgroundGraphs
 from eyas.engine.metrics import EngineMetrics
 from eyas.engine.outputs import RequestOutput
 from eyas.engine.request import Request
@@ -17,9 +18,11 @@ from eyas.engine.tokenizer import Tokenizer
 
 class Engine:
     def __init__(self, tokenizer: Tokenizer | None, scheduler: Scheduler, worker, stop_checker: StopChecker,
-                 requests: RequestBuilder, device: torch.device, warmup_graphs: bool = False):
+                 requests: RequestBuilder, device: torch.device, warmup_graphs: bool = False,
+                 graphs: BackgroundGraphs | None = None):
         """requests: turns prompts into checked requests. warmup_graphs: compile the worker's graphs now,
-        for every batch size the scheduler may run."""
+        for every batch size the scheduler may run. graphs: graph runners compiled in the background and
+        swapped in at a step boundary (`graphs.mode=auto`)."""
         self.tokenizer = tokenizer
         self.scheduler = scheduler
         self.worker = worker
@@ -30,6 +33,9 @@ class Engine:
         self.closed = False
         if warmup_graphs:
             self.worker.warmup_graphs(scheduler.max_running_requests)
+        self.graphs = graphs
+        if graphs is not None:
+            graphs.start()
 
     @property
     def grammars(self):
@@ -73,6 +79,8 @@ class Engine:
         return self.scheduler.has_work()
 
     def step(self) -> None:
+        if self.graphs is not None:
+            self.graphs.poll()  # runners swap in here, between steps
         running = self.scheduler.schedule()
         new_tokens = self.worker.step(running)
         for request, tokens in zip(running, new_tokens):
@@ -89,10 +97,13 @@ class Engine:
         self.scheduler.release_finished()
 
     def metrics(self) -> dict:
-        return {**self._metrics.as_dict(), **self.scheduler.stats(), **self.worker.stats()}
+        graphs = self.graphs.stats() if self.graphs is not None else {}
+        return {**self._metrics.as_dict(), **self.scheduler.stats(), **self.worker.stats(), **graphs}
 
     def close(self) -> None:
         self.closed = True
+        if self.graphs is not None:
+            self.graphs.close()
 
     def __enter__(self):
         return self

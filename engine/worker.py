@@ -5,14 +5,19 @@ chunks a long one, and then it samples nothing this step); the others extend the
 ride in the same forward.
 """
 
+import logging
+
 import torch
 
 from eyas.engine.forward_batch import ForwardBatch, wants_exact
+from eyas.engine.graphs.exported import PackageMissing
 from eyas.engine.phase_clock import PhaseClock, PhaseListener
 from eyas.engine.request import Request
 from eyas.engine.runner import ModelRunner
 from eyas.engine.sampling import Sampler, SamplingBatch
 from eyas.engine.shared_prefill import Siblings
+
+log = logging.getLogger("eyas.graphs")
 
 
 class DecodeWorker:
@@ -61,8 +66,23 @@ class DecodeWorker:
     def warmup_graphs(self, max_batch_size: int) -> None:
         """Compile every graph plain decoding can run with batches up to `max_batch_size`."""
         if self.graph is not None:
-            for batch_size in sorted({1, min(2, max_batch_size)}):
-                self.graph.warmup(batch_size, 1)
+            self._warm(self.graph, max_batch_size)
+
+    def install_graphs(self, graph, max_batch_size: int) -> bool:
+        """Between steps: `graph` becomes the decode runner once it has loaded every package it runs
+        (`graphs.mode=auto`); False, and eager as before, when one is missing."""
+        try:
+            self._warm(graph, max_batch_size)
+        except PackageMissing as exc:
+            log.warning("graphs.mode=auto: decoding stays eager: %s", exc)
+            return False
+        self.graph = graph
+        return True
+
+    @staticmethod
+    def _warm(graph, max_batch_size: int) -> None:
+        for batch_size in sorted({1, min(2, max_batch_size)}):
+            graph.warmup(batch_size, 1)
 
     def cacheable_len(self, request: Request) -> int:
         """Leading positions of the request whose KV is final (the prefix cache may keep them)."""

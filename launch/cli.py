@@ -53,6 +53,8 @@ def summary_line(metrics: dict) -> str:
     if "adaptive_cycles_at_steps" in metrics:
         at = ", ".join(f"{k}:{n}" for k, n in metrics["adaptive_cycles_at_steps"].items())
         parts.append(f"steps {{{at}}} switches {metrics['adaptive_switches']}")
+    if "graphs_state" in metrics:  # graphs.mode=auto
+        parts.append(f"graphs {metrics['graphs_state']}")
     if metrics["num_failed"]:
         parts.append(f"failed {metrics['num_failed']}")
     return " | ".join(parts)

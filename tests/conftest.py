@@ -23,8 +23,9 @@ from support.trained_heads import train_heads
 
 from eyas.testing.checkpoints import write_llama
 
-# GGUF files and the cache root their metadata directories are built in (modules use it with usefixtures)
-pytest_plugins = ["support.gguf_fixtures"]
+# GGUF files and the cache root their metadata directories are built in (modules use it with usefixtures);
+# the graph packages the graph tests share
+pytest_plugins = ["support.gguf_fixtures", "support.packages"]
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,9 @@ the shapes (model config, pool, captured layers, chain or tree, shape class), ne
 Shape classes are the four of `compiled.py` (one request or several, one token each or several); the
 context is symbolic from 2 positions up. A structure the exporter cannot take (a packed quantized
 kernel, a size relation it cannot express) falls back to the `torch.compile` forward, with a warning.
+A forward that only loads (`compile_missing=False`: `graphs.mode=auto`, whose packages a background
+process compiles) raises `PackageMissing` instead of compiling and `NotExportable` instead of falling
+back; a package it cannot read is deleted, to be compiled again.
 """
 
 import getpass
@@ -31,6 +34,7 @@ from eyas.engine.graphs.graph_forward import graph_forward
 from eyas.engine.graphs.tensor_places import NotExportable, standing_in, tensor_places
 from eyas.engine.models.fused_linear import FusedLinear
 from eyas.engine.models.blocked_weights import BlockedWeights
+from eyas.engine.models.gguf_block_weights import GgufBlockWeights
 from eyas.engine.models.onednn_weights import OneDnnWeights
 from eyas.kernels import cpu_ops
 
@@ -38,6 +42,16 @@ log = logging.getLogger("eyas.graphs")
 # (id(model), id(pool), capture layers, tree) -> its forward, while a runner holds it (it holds the model)
 _EXPORTED: "weakref.WeakValueDictionary[tuple, ExportedForward]" = weakref.WeakValueDictionary()
 _SOURCES = ("graphs", "models", "attention")  # engine/ folders whose code a package compiles in
+
+
+def package_dir(cache_dir: str | None) -> Path:
+    """Where packages are kept: `graphs.cache_dir`, else inductor's cache directory, under eyas-aot/."""
+    return Path(cache_dir or os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+                or Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}").expanduser() / "eyas-aot"
+
+
+class PackageMissing(Exception):
+    """A forward that only loads found no readable package for a shape (or cannot be exported at all)."""
 
 
 class _PoolView:
@@ -66,19 +80,20 @@ class _Exportable(torch.nn.Module):
 
 class ExportedForward:
     def __init__(self, model, kv_pool, capture_layers: tuple[int, ...], tree: bool, max_position: int,
-                 max_batch_size: int, cache_dir: str | None):
+                 max_batch_size: int, cache_dir: str | None, compile_missing: bool = True):
         prepare_model(model, max_position)
+        self.compile_missing = compile_missing
         self.model, self.kv_pool, self.tree = model, kv_pool, tree
         self.capture_layers, self.max_position, self.max_batch_size = tuple(capture_layers), max_position, max_batch_size
         self.name = f"{type(model).__name__}{' tree' if tree else ''}"
-        self.cache_dir = Path(cache_dir or os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-                              or Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}").expanduser() / "eyas-aot"
+        self.cache_dir = package_dir(cache_dir)
         self.compile_s = 0.0
         self.shapes_seen: set[tuple[bool, bool]] = set()
         self._packages: dict[tuple[bool, bool], object] = {}
         self._fallback: CompiledForward | None = None
         try:
-            if any(isinstance(v, FusedLinear) and v.kernel is not None and not isinstance(v.kernel, (OneDnnWeights, BlockedWeights))
+            if any(isinstance(v, FusedLinear) and v.kernel is not None
+                   and not isinstance(v.kernel, (OneDnnWeights, BlockedWeights, GgufBlockWeights))
                    for m in model.modules() for v in vars(m).values()):
                 raise NotExportable("a compressed weight format runs its own kernel")
             found = tensor_places(model)
@@ -115,6 +130,8 @@ class ExportedForward:
                                            *(named[name] for name in names)]))
 
     def _fall_back(self, reason: str) -> None:
+        if not self.compile_missing:  # no package will ever come: the caller stays eager
+            raise NotExportable(f"the {self.name} forward ({reason})")
         log.warning("the %s forward is not exportable (%s): it runs as a torch.compile graph", self.name, reason)
         self._fallback = CompiledForward(self.model, self.kv_pool, self.capture_layers, self.tree, self.max_position)
         self._fallback.shapes_seen = self.shapes_seen
@@ -122,6 +139,8 @@ class ExportedForward:
     def _load(self, shape: tuple[bool, bool], inputs: tuple):
         path = self.cache_dir / f"{self._key(shape, inputs)}.pt2"
         start = time.perf_counter()
+        if not self.compile_missing:
+            return self._load_only(shape, path)
         try:
             if not path.exists():
                 log.warning("compiling the %s forward for %s request%s of %s token%s ahead of time (once; kept in %s)",
@@ -134,6 +153,18 @@ class ExportedForward:
             return None
         package = self._packages[shape] = (loader, _unflattener(torch.utils._pytree.treespec_loads(loader.get_call_spec()[1])))
         self.compile_s += time.perf_counter() - start
+        self.shapes_seen.add(shape)
+        return package
+
+    def _load_only(self, shape: tuple[bool, bool], path: Path):
+        if not path.exists():
+            raise PackageMissing(f"no package of the {self.name} forward for shape {shape} in {self.cache_dir}")
+        try:
+            loader = torch._inductor.aoti_load_package(str(path)).loader
+        except Exception as exc:  # noqa: BLE001 - a corrupt package is compiled again, never trusted
+            path.unlink(missing_ok=True)
+            raise PackageMissing(f"the package {path.name} could not be read ({type(exc).__name__}): removed") from exc
+        package = self._packages[shape] = (loader, _unflattener(torch.utils._pytree.treespec_loads(loader.get_call_spec()[1])))
         self.shapes_seen.add(shape)
         return package
 
@@ -202,11 +233,11 @@ def _unflattener(spec):
 
 
 def exported_forward(model, kv_pool, capture_layers: tuple[int, ...], tree: bool, max_position: int,
-                     max_batch_size: int, cache_dir: str | None) -> ExportedForward:
+                     max_batch_size: int, cache_dir: str | None, compile_missing: bool = True) -> ExportedForward:
     """The ahead-of-time compiled `graph_forward` of `model` over `kv_pool` (built on first use, then shared)."""
-    key = (id(model), id(kv_pool), tuple(capture_layers), tree)
+    key = (id(model), id(kv_pool), tuple(capture_layers), tree, compile_missing)
     forward = _EXPORTED.get(key)
     if forward is None:
         forward = _EXPORTED[key] = ExportedForward(model, kv_pool, tuple(capture_layers), tree, max_position,
-                                                   max_batch_size, cache_dir)
+                                                   max_batch_size, cache_dir, compile_missing)
     return forward

@@ -61,7 +61,8 @@ class GraphRunner:
             max_position = self.req_to_token.shape[1] - 1
             if self.settings.mode == "aot":
                 self._forwards[tree] = exported_forward(self.model, self.kv_pool, self.capture_layers, tree, max_position,
-                                                        self.settings.max_batch_size, self.settings.cache_dir)
+                                                        self.settings.max_batch_size, self.settings.cache_dir,
+                                                        compile_missing=not self.settings.background)
             else:
                 self._forwards[tree] = compiled_forward(self.model, self.kv_pool, self.capture_layers, tree,
                                                         max_position, self.settings.cache_dir)

@@ -2,8 +2,8 @@
 
 `mode`: `eager` (no graphs), `compile` (inductor-compiled forwards, traced by Dynamo in each process),
 `aot` (AOTInductor packages compiled once and loaded from `cache_dir` by later runs: `exported.py`),
-`auto` (`aot` on CPU, where it measured fastest; eager on other devices, where graph capture is not
-built yet).
+`auto` (on CPU: `aot` packages compiled in the background while the engine runs eager, and swapped in
+once they are on disk, `background.py`; eager on other devices, where graph capture is not built yet).
 `batch_sizes`: batches up to the largest run as graphs, larger ones eager. A compiled forward takes any
 batch size and context (its sizes are symbolic), so nothing is padded; `max_context` bounds the
 context a graph reads (a longer sequence runs eager). `warmup` (read by the containers): compile every
@@ -24,6 +24,9 @@ class GraphSettings:
     batch_sizes: tuple[int, ...]  # sorted
     max_context: tuple[int, ...]  # sorted
     cache_dir: str | None
+    # auto on CPU: the engine starts eager; its runners load packages a background process compiles, and
+    # never compile in the engine's own process
+    background: bool = False
 
     @property
     def enabled(self) -> bool:
@@ -58,6 +61,8 @@ def validate_graphs(graphs: dict) -> None:
 
 def graph_settings(mode: str, batch_sizes, max_context, cache_dir: str | None, device_type: str) -> GraphSettings:
     """Settings of a checked `graphs` group for a device of `device_type`, `auto` resolved."""
+    background = mode == "auto" and device_type == "cpu"
     if mode == "auto":
         mode = "aot" if device_type == "cpu" else "eager"
-    return GraphSettings(str(mode), tuple(sorted(set(batch_sizes))), tuple(sorted(set(max_context))), cache_dir)
+    return GraphSettings(str(mode), tuple(sorted(set(batch_sizes))), tuple(sorted(set(max_context))), cache_dir,
+                         background)

@@ -40,6 +40,12 @@ class ServerMetrics:
             "eyas_mean_accept_length": ("Tokens emitted per verify cycle (tau), bonus included",
                                         lambda: stats.mean_accept_length),
         }
+        graphs = loop.engine.graphs  # graphs.mode=auto: runners compiled in the background
+        if graphs is not None:
+            gauges["eyas_graphs_swapped_in"] = ("1 once the graph runners compiled in the background run the steps",
+                                                lambda: float(graphs.state == "graphs"))
+            gauges["eyas_graphs_compile_seconds"] = ("Seconds the background compile of the graph runners ran (so far)",
+                                                     lambda: graphs.stats()["graphs_compile_s"])
         for name, (doc, read) in gauges.items():
             Gauge(name, doc, registry=registry).set_function(read)
 

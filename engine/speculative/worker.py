@@ -15,11 +15,14 @@ Everything that depends on the candidate comes from the live `SpecRuntimeState` 
 bound by `bindings.bind_runtime_state`; switching candidates is a rebinding between iterations.
 """
 
+import dataclasses
+import logging
 import time
 
 import torch
 
 from eyas.engine.forward_batch import ForwardBatch, wants_exact
+from eyas.engine.graphs.exported import PackageMissing
 from eyas.engine.phase_clock import CATCH_UP_PHASE, PhaseClock, PhaseListener
 from eyas.engine.request import Request
 from eyas.engine.runner import ModelRunner
@@ -31,6 +34,8 @@ from eyas.engine.speculative.commit import commit
 from eyas.engine.speculative.drafters.base import Drafter
 from eyas.engine.speculative.state import SpecRuntimeState
 from eyas.engine.speculative.verify import TargetVerifier, Verified
+
+log = logging.getLogger("eyas.graphs")
 
 
 class SpeculativeWorker:
@@ -153,7 +158,30 @@ class SpeculativeWorker:
     def warmup_graphs(self, max_batch_size: int) -> None:
         """Compile every verify and draft-step graph the runtime states can run with batches up to
         `max_batch_size` (runners of one model share graphs: one per shape class, whatever the width)."""
-        for state in {id(s): s for s in (self.state, *self.candidate_states.values())}.values():
+        self._warm([self.state, *self.candidate_states.values()], max_batch_size)
+
+    def install_graphs(self, runners_for, max_batch_size: int) -> bool:
+        """Between iterations (`graphs.mode=auto`): every runtime state is replaced by a copy that holds the
+        graph runners `runners_for(candidate)` gives, `(verify, draft)`, once they have loaded every package
+        they run, and the live state is rebound to its copy (`apply_runtime_state`, as a candidate switch
+        is). False, and every state as it was, when a package is missing."""
+        states = self.candidate_states or {self.state.candidate: self.state}
+        swapped = {}
+        for candidate, state in states.items():
+            verify, draft = runners_for(candidate)
+            swapped[candidate] = dataclasses.replace(state, verify_graph=verify, draft_graph=draft)
+        try:
+            self._warm(list(swapped.values()), max_batch_size)
+        except PackageMissing as exc:
+            log.warning("graphs.mode=auto: speculative decoding stays eager: %s", exc)
+            return False
+        if self.candidate_states:
+            self.candidate_states.update(swapped)  # the same dict the container built
+        self.apply_runtime_state(swapped[self.state.candidate])
+        return True
+
+    def _warm(self, states: list[SpecRuntimeState], max_batch_size: int) -> None:
+        for state in {id(s): s for s in states}.values():
             for batch_size in sorted({1, min(2, max_batch_size)}):
                 if state.verify_graph is not None:
                     state.verify_graph.warmup(batch_size, state.candidate.num_draft_tokens,

@@ -12,6 +12,7 @@ import torch
 from support import build_engine
 from support.checkpoints import CHECKPOINTS
 from support.engines import PROMPTS, engine_overrides
+from support.packages import aot, packages
 
 from eyas import SamplingParams
 from eyas.engine.graphs.exported import ExportedForward
@@ -19,20 +20,6 @@ from eyas.testing.checkpoints import write_llama
 
 GREEDY = SamplingParams(max_new_tokens=12, ignore_eos=True)
 SAMPLED = SamplingParams(max_new_tokens=12, ignore_eos=True, temperature=0.8, top_p=0.9, seed=7)
-
-
-@pytest.fixture(scope="module")
-def aot_cache(tmp_path_factory):
-    """One package cache for the module: the tests after the first load what it compiled."""
-    return tmp_path_factory.mktemp("aot_cache")
-
-
-def aot(cache) -> list[str]:
-    return ["graphs.mode=aot", f"graphs.cache_dir={cache}"]
-
-
-def packages(cache) -> set[str]:
-    return {p.name for p in cache.rglob("*.pt2")}
 
 
 @pytest.mark.parametrize("prompts", [PROMPTS[:1], PROMPTS], ids=["one", "ragged-batch"])

@@ -16,6 +16,7 @@ from support.engines import PLAIN, engine_overrides, random_requests_match_plain
 from support.forwards import dense_logits
 from support.gguf_fixtures import BOS, write_gguf
 
+from eyas import SamplingParams
 from eyas.engine.cpu_ops import cpu_ops_error
 from eyas.engine.errors import ConfigError
 from eyas.engine.models.checkpoint_source import checkpoint_directory
@@ -158,6 +159,22 @@ def test_speculation_over_the_files_blocks_equals_plain_decoding(q4_target, algo
     overrides = engine_overrides(q4_target, algorithm, *engine, head=head, num_steps=3)
     vocab = Tokenizer.from_dir(checkpoint_directory(q4_target)).vocab_size
     random_requests_match_plain(q4_target, overrides, count=6, seed=5, vocab=vocab, plain=tuple(engine))
+
+
+@pytest.mark.slow  # compiles the target's two decode packages: about 30 s
+@pytest.mark.parametrize("scheme", ["gguf", "gguf_f32"])
+def test_the_files_blocks_run_inside_aot_graphs_as_eager(q4_target, scheme, tmp_path):
+    """The block kernels are custom ops the exporter traces through: the packages call them, and decode
+    emits eager's tokens."""
+    overrides = [*PLAIN, f"model.path={q4_target}", f"model.quantization={scheme}"]
+    prompts = [[BOS, 5, 9, 12], [BOS, 7, 3, 3, 8, 20]]
+    params = SamplingParams(max_new_tokens=16, ignore_eos=True)
+    with build_engine(overrides) as eng:
+        eager = [o.token_ids for o in eng.generate(prompt_token_ids=prompts, sampling=params)]
+    with build_engine([*overrides, "graphs.mode=aot", f"graphs.cache_dir={tmp_path}"]) as eng:
+        graphed = [o.token_ids for o in eng.generate(prompt_token_ids=prompts, sampling=params)]
+        assert eng.worker.graph.forward(False)._fallback is None and eng.worker.graph.num_runs > 0
+    assert graphed == eager
 
 
 def test_gguf_quantization_of_a_directory_names_the_fields():
