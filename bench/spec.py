@@ -145,6 +145,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--logprobs", type=int, default=None,
+                   help="every request asks for this many logprobs (their forwards run exact: what that costs)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--graphs", action="store_true",
                    help="run every configuration again with compiled graphs and print each phase eager and graphed")
@@ -159,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     if chat:
         prompts = chat_prompts_for(prompts, args.override)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                            seed=0, ignore_eos=not chat)
+                            seed=0, ignore_eos=not chat, logprobs=args.logprobs)
     shapes = [(int(k), 1, None) for k in args.ks.split(",")]
     shapes += [tuple(int(v) for v in shape.split(":")) for shape in filter(None, args.trees.split(","))]
     plain_tps, t_decode, floor_decode, plain_choice = plain(args, prompts, params)

@@ -2,7 +2,7 @@
 engine of a resolved config (`graphs.mode=aot`, `graphs.warmup=true`), which compiles the package of every
 graph the config can run into the cache directory, and exits; the engine that started it loads them.
 
-It runs at a lower priority than the engine it serves, and one at a time per cache directory: a second
+It runs at the lowest priority (below the engine it serves), and one at a time per cache directory: a second
 waits for the first, then finds its packages on disk and loads them instead of compiling.
 """
 
@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     path = Path(argv[0])
     config = json.loads(path.read_text())
-    os.nice(10)
+    os.nice(19)  # the lowest priority: the engine it serves decodes first
     directory = package_dir(config["graphs"]["cache_dir"])
     directory.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
