@@ -3,6 +3,7 @@ the runners that load them are swapped into the live worker."""
 
 import dataclasses
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -16,11 +17,19 @@ from eyas.engine.graphs.settings import GraphSettings
 from eyas.engine.speculative.drafters.registry import PLAIN, needs_draft_model
 
 COMPILER = "eyas.launch.compile_graphs"  # the module the compiling process runs
+log = logging.getLogger("eyas.graphs")
 
 
-def background_graphs(settings: GraphSettings, container, config: Config, max_batch_size: int) -> BackgroundGraphs | None:
-    """None unless the graphs come in the background (`GraphSettings.background`)."""
+def background_graphs(settings: GraphSettings, container, config: Config, max_batch_size: int,
+                      batch_invariant: bool) -> BackgroundGraphs | None:
+    """None unless the graphs come in the background (`GraphSettings.background`), and for a target whose eager
+    attention is batch-invariant (quantized activations, half precision): graphs attend batched, which rounds
+    differently and would change its tokens at the swap, so it stays eager."""
     if not settings.background:
+        return None
+    if batch_invariant:
+        log.warning("graphs.mode=auto: running eager: the target attends batch-invariant (attention.batch_invariant, "
+                    "on for quantized activations and half precision), which graphs do not")
         return None
     return BackgroundGraphs(install=partial(install_runners, container, config.speculative.algorithm, max_batch_size),
                             start_compiler=partial(start_compiler, config))

@@ -40,13 +40,15 @@ class EngineContainer(containers.DeclarativeContainer):
         lookahead_tokens=lookahead_tokens,
     )
 
+    # attention.batch_invariant, resolved for the target
+    batch_invariant = providers.Callable(
+        factories.batch_invariant_attention, config.provided.attention.batch_invariant,
+        config.provided.attention.backend, models.quantization, config.provided.graphs.mode,
+        providers.Callable(factories.model_dtype_of, models.target_model))
     # attention backends by name; each call builds a fresh backend (backends hold per-batch metadata)
     target_attention_backend = providers.Factory(
         factories.attention_backend, providers.Object(BACKENDS), config.provided.attention.backend,
-        providers.Callable(factories.head_dim_of, models.target_model),
-        providers.Callable(factories.batch_invariant_attention, config.provided.attention.batch_invariant,
-                           config.provided.attention.backend, models.quantization, config.provided.graphs.mode,
-                           providers.Callable(factories.model_dtype_of, models.target_model)),
+        providers.Callable(factories.head_dim_of, models.target_model), batch_invariant,
     )
 
     sampler = Singleton(Sampler)
@@ -134,7 +136,7 @@ class EngineContainer(containers.DeclarativeContainer):
         vocab_size=providers.Callable(factories.vocab_size, models.target_model), grammars=grammars,
     )
     graphs_in_background = Singleton(background_graphs, graph_settings, __self__, config,
-                                     config.provided.cache.max_running_requests)
+                                     config.provided.cache.max_running_requests, batch_invariant)
     engine = Singleton(
         Engine, tokenizer=models.tokenizer, scheduler=scheduler, worker=worker, stop_checker=stop_checker,
         requests=request_builder, device=models.device,

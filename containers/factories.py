@@ -190,7 +190,7 @@ def batch_invariant_attention(setting: bool | None, backend: str, quantization: 
     into a different token on near ties (gguf_f32's GEMM keeps float32 activations: off, as for float32)."""
     if setting is None:
         reduced = quantization not in ("none", "gguf_f32") or dtype in (torch.bfloat16, torch.float16)
-        return reduced and backend == "torch_native" and graph_mode == "eager"
+        return reduced and backend == "torch_native" and graph_mode in ("eager", "auto")  # auto: starts eager
     return setting
 
 

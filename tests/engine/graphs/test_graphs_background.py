@@ -135,9 +135,18 @@ def test_a_package_that_does_not_load_is_removed_and_compiled_again(gqa_checkpoi
 
 
 def test_a_target_that_cannot_be_exported_stays_eager_and_starts_no_process(gqa_checkpoint, compilers, tmp_path):
-    with build_engine([*engine_overrides(gqa_checkpoint, "none", "model.quantization=int8"), *auto(tmp_path)]) as eng:
+    quantized = engine_overrides(gqa_checkpoint, "none", "model.quantization=int8", "attention.batch_invariant=false")
+    with build_engine([*quantized, *auto(tmp_path)]) as eng:
         assert eng.graphs.state == "eager" and not compilers and eng.worker.graph is None
         eng.generate(PROMPTS[:1], GREEDY)
+
+
+def test_a_target_that_attends_batch_invariant_stays_eager(gqa_checkpoint, compilers, tmp_path):
+    """Half precision (as quantized activations) attends one query per call eager; graphs attend batched,
+    which would change its tokens at the swap."""
+    with build_engine([*engine_overrides(gqa_checkpoint, "none", "model.dtype=float16"), *auto(tmp_path)]) as eng:
+        assert eng.graphs is None and not compilers and eng.worker.graph is None
+        assert eng.worker.runner.attn_backend.batch_invariant
 
 
 def test_the_swap_waits_while_a_candidates_scope_is_open_and_a_failed_compile_leaves_it_eager():

@@ -165,7 +165,8 @@ def test_speculation_over_the_files_blocks_equals_plain_decoding(q4_target, algo
 @pytest.mark.parametrize("scheme", ["gguf", "gguf_f32"])
 def test_the_files_blocks_run_inside_aot_graphs_as_eager(q4_target, scheme, tmp_path):
     """The block kernels are custom ops the exporter traces through: the packages call them, and decode
-    emits eager's tokens."""
+    emits eager's tokens (on these fixtures; `gguf`'s 7-bit activations can turn the last bit of a batched
+    attention into another token on a larger model, see README)."""
     overrides = [*PLAIN, f"model.path={q4_target}", f"model.quantization={scheme}"]
     prompts = [[BOS, 5, 9, 12], [BOS, 7, 3, 3, 8, 20]]
     params = SamplingParams(max_new_tokens=16, ignore_eos=True)
