@@ -2,6 +2,7 @@
 the runners that load them are swapped into the live worker."""
 
 import dataclasses
+import importlib.util
 import json
 import logging
 import os
@@ -16,7 +17,7 @@ from eyas.engine.graphs.exported import package_dir
 from eyas.engine.graphs.settings import GraphSettings
 from eyas.engine.speculative.drafters.registry import PLAIN, needs_draft_model
 
-COMPILER = "eyas.launch.compile_graphs"  # the module the compiling process runs
+COMPILER = "eyas.launch.compile_graphs"  # the module the compiling process runs (as a script: see start_compiler)
 log = logging.getLogger("eyas.graphs")
 
 
@@ -63,5 +64,8 @@ def start_compiler(config: Config) -> subprocess.Popen:
     name = f"compile-{os.getpid()}"
     (directory / f"{name}.json").write_text(json.dumps(values))
     with open(directory / f"{name}.log", "w") as log:
-        return subprocess.Popen([sys.executable, "-m", COMPILER, str(directory / f"{name}.json")], stdout=log,
+        # run as a file, not `-m`: `-m` imports the package (torch) first, and a second process waiting for
+        # the first's lock would hold that memory the whole time
+        script = importlib.util.find_spec(COMPILER).origin
+        return subprocess.Popen([sys.executable, script, str(directory / f"{name}.json")], stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)

@@ -74,7 +74,7 @@ class DecodeWorker:
         try:
             self._warm(graph, max_batch_size)
         except PackageMissing as exc:
-            log.warning("graphs.mode=auto: decoding stays eager: %s", exc)
+            log.info("graphs.mode=auto: decoding stays eager: %s", exc)
             return False
         self.graph = graph
         return True

@@ -173,7 +173,7 @@ class SpeculativeWorker:
         try:
             self._warm(list(swapped.values()), max_batch_size)
         except PackageMissing as exc:
-            log.warning("graphs.mode=auto: speculative decoding stays eager: %s", exc)
+            log.info("graphs.mode=auto: speculative decoding stays eager: %s", exc)
             return False
         if self.candidate_states:
             self.candidate_states.update(swapped)  # the same dict the container built
