@@ -18,6 +18,7 @@ from eyas.engine.config import prepare
 from eyas.engine.errors import EyasError
 from eyas.launch.compose import config_dir, register_resolvers, to_plain
 from eyas.launch.schema import register_schemas
+from eyas.launch.serve_replicas import serve_replicas
 
 
 def serve(config: dict, console: Console | None = None) -> None:
@@ -26,9 +27,11 @@ def serve(config: dict, console: Console | None = None) -> None:
 
     console = console or Console(stderr=True)
     config, notices = prepare(config)
-    container = container_of(config, ServerContainer)
     for notice in notices:
         console.print(notice, markup=False, highlight=False, soft_wrap=True)
+    if (config.get("replicas") or {}).get("launcher", "none") != "none":
+        return serve_replicas(config, console)
+    container = container_of(config, ServerContainer)
     app, loop = container.app(), container.loop()
     settings = config["server"]
     http = uvicorn.Server(uvicorn.Config(app, host=settings["host"], port=settings["port"],

@@ -20,6 +20,7 @@ from eyas.engine.models.config import DTYPES
 from eyas.engine.models.fused_linear import LAYOUTS
 from eyas.engine.models.weight_formats import SCHEMES
 from eyas.engine.sampling_params import SamplingParams
+from eyas.engine.serve.replicas.routing import ROUTINGS
 from eyas.engine.speculative.backend_factory import ATTENTION_MODES
 from eyas.engine.speculative.drafters.registry import ALGORITHMS, DRAFT_MODELS, LOOKUPS, PLAIN
 
@@ -251,6 +252,37 @@ class ServerConfig:
     chat_template: ChatTemplateConfig = field(default_factory=ChatTemplateConfig)
 
 
+class ReplicaLauncher(Choice):
+    none = "none"  # one server process
+    ray = "ray"  # Ray Serve replicas behind one ingress
+
+
+ReplicaRouting = choices("ReplicaRouting", ROUTINGS)  # engine/serve/replicas/routing.py says what each is
+
+
+@dataclass
+class PrefixRoutingConfig:
+    """replicas.routing=prefix: a request follows the replica it shares the longest prefix with."""
+
+    min_match_ratio: float = 0.3  # of the request's text a replica must hold for the prefix to decide
+    max_imbalance: int = 4  # requests in flight beyond the least loaded replica's at which load wins over a prefix
+    chunk_chars: int = 64  # prefixes are matched in chunks of this many characters (bytes of UTF-8)
+    max_chunks: int = 65536  # chunks remembered per replica, least recently routed forgotten first
+
+
+@dataclass
+class ReplicasConfig:
+    launcher: ReplicaLauncher = ReplicaLauncher.none
+    num_replicas: int = 2
+    routing: ReplicaRouting = ReplicaRouting.prefix
+    prefix: PrefixRoutingConfig = field(default_factory=PrefixRoutingConfig)
+    address: Optional[str] = None  # null: a local Ray cluster on this machine; else the cluster to join
+    cpus_per_replica: float = 1.0  # Ray CPUs each replica holds (and its torch threads when num_threads is null)
+    max_ongoing_requests: int = 64  # per replica; more wait in the ingress until one has room
+    retries: int = 2  # sends to another replica of a request whose replica died before answering
+    first_part_timeout_s: float = 600.0  # a request no replica started answering by then: 504
+
+
 @dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -271,6 +303,7 @@ class Config:
     objective: str = "tokens_per_s"  # the metric a run returns to a sweeper
     print_outputs: bool = True
     server: Optional[ServerConfig] = None  # python -m eyas.launch.serve (conf/serve.yaml) sets it
+    replicas: Optional[ReplicasConfig] = None  # the server's replicas (conf/serve.yaml sets it)
 
 
 def typed_config(values: dict, cls: type = None):

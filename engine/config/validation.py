@@ -100,6 +100,8 @@ def validate(config: dict) -> None:
         raise ConfigError(f"seed must be a non-negative integer, got {config['seed']!r}")
     if config.get("server") is not None:
         _validate_server(config["server"])
+    if config.get("replicas") is not None:
+        _validate_replicas(config["replicas"])
 
 
 def _validate_ngram(spec: dict) -> None:
@@ -298,3 +300,25 @@ def _validate_candidates(algorithm: str, policy: str, i: int, candidates: list) 
     if others and policy != "throughput":
         raise ConfigError(f"{where}: tree shapes and other drafters need adaptive.policy=throughput (the {policy!r} "
                           f"policy walks step counts only), got {[str(c) for c in others]}")
+
+
+def _validate_replicas(replicas: dict) -> None:
+    def positive_int(key: str, value, least: int = 1) -> None:
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise ConfigError(f"replicas.{key} must be an integer >= {least}, got {value!r}")
+
+    positive_int("num_replicas", replicas["num_replicas"])
+    positive_int("max_ongoing_requests", replicas["max_ongoing_requests"])
+    positive_int("retries", replicas["retries"], least=0)
+    for key in ("cpus_per_replica", "first_part_timeout_s"):
+        if not isinstance(replicas[key], (int, float)) or replicas[key] <= 0:
+            raise ConfigError(f"replicas.{key} must be a number > 0, got {replicas[key]!r}")
+    if replicas["address"] is not None and not str(replicas["address"]).strip():
+        raise ConfigError("replicas.address must be null (a local Ray cluster) or a Ray cluster's address, e.g. "
+                          "auto or ray://head:10001")
+    prefix = replicas["prefix"]
+    if not isinstance(prefix["min_match_ratio"], (int, float)) or not 0 <= prefix["min_match_ratio"] <= 1:
+        raise ConfigError(f"replicas.prefix.min_match_ratio must be a number in [0, 1], got {prefix['min_match_ratio']!r}")
+    positive_int("prefix.max_imbalance", prefix["max_imbalance"], least=0)
+    positive_int("prefix.chunk_chars", prefix["chunk_chars"], least=8)
+    positive_int("prefix.max_chunks", prefix["max_chunks"])

@@ -45,20 +45,7 @@ class RequestParser:
         return req
 
     async def read_body(self, request: Request) -> bytes:
-        """The body, refused (413) past `max_body_bytes`: by its declared length before a byte is read."""
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > self.max_body_bytes:
-            raise self.too_large(int(declared))
-        body = bytearray()
-        async for piece in request.stream():
-            body += piece
-            if len(body) > self.max_body_bytes:
-                raise self.too_large(len(body))
-        return bytes(body)
-
-    def too_large(self, size: int) -> RequestValidationError:
-        return RequestValidationError(f"request body of {size} bytes exceeds server.max_body_bytes = "
-                                      f"{self.max_body_bytes}", None, status=413, code="request_too_large")
+        return await read_body(request, self.max_body_bytes)
 
     async def check_grammar(self, req, grammars) -> None:
         """A request's grammar compiled (and cached) before it reaches the loop, off the event loop: one
@@ -114,3 +101,21 @@ class RequestParser:
             raise RequestValidationError(f"prompt ({len(ids)} tokens) + max_tokens ({req.max_tokens}) exceeds the "
                                          f"context of {context_len} tokens: max_tokens may be at most {room}",
                                          "max_tokens")
+
+
+async def read_body(request: Request, max_body_bytes: int) -> bytes:
+    """The body, refused (413) past `max_body_bytes`: by its declared length before a byte is read."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_body_bytes:
+        raise too_large(int(declared), max_body_bytes)
+    body = bytearray()
+    async for piece in request.stream():
+        body += piece
+        if len(body) > max_body_bytes:
+            raise too_large(len(body), max_body_bytes)
+    return bytes(body)
+
+
+def too_large(size: int, max_body_bytes: int) -> RequestValidationError:
+    return RequestValidationError(f"request body of {size} bytes exceeds server.max_body_bytes = {max_body_bytes}",
+                                  None, status=413, code="request_too_large")

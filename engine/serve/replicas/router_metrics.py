@@ -1,0 +1,19 @@
+"""The ingress's own Prometheus metrics: where the router sent requests and why, retries and failures.
+
+One registry per ingress process, shared by the router (which Ray Serve builds inside that process) and the
+ingress's `/metrics`, which adds the replicas' own metrics after these.
+"""
+
+from prometheus_client import CollectorRegistry, Counter
+
+REGISTRY = CollectorRegistry()
+ROUTED = Counter("eyas_router_requests", "Requests routed, by replica and reason (prefix, balance: its prefix's "
+                 "replica was too loaded, least_loaded, power_of_two, round_robin)", ["replica", "reason"],
+                 registry=REGISTRY)
+MATCHED_CHARS = Counter("eyas_router_matched_chars", "Characters of routed requests' text that their replica was "
+                        "sent before (prefix routing)", registry=REGISTRY)
+ROUTED_CHARS = Counter("eyas_router_text_chars", "Characters of routed requests' text", registry=REGISTRY)
+RETRIED = Counter("eyas_router_retries", "Requests sent again to another replica after theirs died before "
+                  "their first token", registry=REGISTRY)
+FAILED = Counter("eyas_router_failures", "Requests ended with an error by the ingress, by cause", ["cause"],
+                 registry=REGISTRY)

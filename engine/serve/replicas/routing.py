@@ -1,0 +1,124 @@
+"""Routing policies of the replicated server: which replica a request goes to, as ranks of replica ids.
+
+Each policy sees the request's routing text and the replicas' loads (requests in flight) and returns ranks:
+the router sends the request to the least loaded replica of the first rank that has room, else of the next
+(Ray Serve's `RequestRouter` contract). No Ray here: `ray_router` adapts a policy to Ray Serve.
+
+- `prefix`: the replica that was sent the longest prefix of this text wins when the match covers at least
+  `min_match_ratio` of the text and its load is within `max_imbalance` requests of the least loaded one;
+  otherwise the least loaded replica (the one holding the fewest prefixes among equals) takes it. A
+  replica's KV cache keeps target and draft KV together, so a hit also keeps speculation warm.
+- `power_of_two`: the less loaded of two replicas drawn at random.
+- `round_robin`: each replica in turn.
+"""
+
+import random
+from dataclasses import dataclass
+
+from eyas.engine.serve.replicas.prefix_index import PrefixIndex
+
+ROUTINGS = ("prefix", "power_of_two", "round_robin")
+
+
+@dataclass
+class Decision:
+    ranks: list[list[str]]
+    reason: str  # prefix | balance (a prefix held by a replica too loaded) | least_loaded | power_of_two | round_robin
+    matched_chars: int = 0  # of the chosen replica (prefix routing)
+
+
+class Policy:
+    """Counts requests in flight per replica (`routed` / `completed`); subclasses rank."""
+
+    def __init__(self, seed: int | None = None):
+        self.inflight: dict[str, int] = {}
+        self.random = random.Random(seed)
+
+    def rank(self, text: str, replicas: list[str]) -> Decision:
+        raise NotImplementedError
+
+    def routed(self, text: str, replica: str) -> None:
+        self.inflight[replica] = self.inflight.get(replica, 0) + 1
+
+    def completed(self, replica: str) -> None:
+        if self.inflight.get(replica, 0) > 0:
+            self.inflight[replica] -= 1
+
+    def forget(self, replica: str) -> None:
+        self.inflight.pop(replica, None)
+
+    def load(self, replica: str) -> int:
+        return self.inflight.get(replica, 0)
+
+    def by_load(self, replicas: list[str]) -> list[str]:
+        shuffled = self.random.sample(replicas, len(replicas))  # equals in random order
+        return sorted(shuffled, key=self.load)
+
+    @staticmethod
+    def then_the_rest(first: str, ordered: list[str]) -> list[list[str]]:
+        rest = [r for r in ordered if r != first]
+        return [[first], rest] if rest else [[first]]
+
+
+class PrefixPolicy(Policy):
+    def __init__(self, min_match_ratio: float = 0.3, max_imbalance: int = 4, chunk_chars: int = 64,
+                 max_chunks: int = 65536, seed: int | None = None):
+        super().__init__(seed)
+        self.min_match_ratio, self.max_imbalance = min_match_ratio, max_imbalance
+        self.index = PrefixIndex(chunk_chars, max_chunks)
+
+    def rank(self, text: str, replicas: list[str]) -> Decision:
+        keys = self.index.keys(text)
+        matched = self.index.matched_chars(keys)
+        ordered = sorted(self.by_load(replicas), key=lambda r: (self.load(r), self.index.size(r)))
+        least = ordered[0]
+        best = max(ordered, key=lambda r: matched.get(r, 0))  # of equal matches, the least loaded
+        hit = matched.get(best, 0)
+        if text and hit >= self.min_match_ratio * len(text.encode()) and hit > 0:
+            if self.load(best) - self.load(least) <= self.max_imbalance:
+                chosen, reason = best, "prefix"
+            else:
+                chosen, reason = least, "balance"
+        else:
+            chosen, reason = least, "least_loaded"
+        # recorded now, not when the replica accepts it: the next request with this prefix, routed before
+        # this one lands, follows it
+        self.index.insert(chosen, keys)
+        return Decision(self.then_the_rest(chosen, ordered), reason, matched.get(chosen, 0))
+
+    def routed(self, text: str, replica: str) -> None:
+        super().routed(text, replica)
+        self.index.insert(replica, self.index.keys(text))  # where it went when the first choice had no room
+
+    def forget(self, replica: str) -> None:
+        super().forget(replica)
+        self.index.remove(replica)
+
+
+class PowerOfTwoPolicy(Policy):
+    def rank(self, text: str, replicas: list[str]) -> Decision:
+        pair = self.random.sample(replicas, min(2, len(replicas)))
+        chosen = min(pair, key=self.load)
+        return Decision(self.then_the_rest(chosen, self.by_load(replicas)), "power_of_two")
+
+
+class RoundRobinPolicy(Policy):
+    def __init__(self, seed: int | None = None):
+        super().__init__(seed)
+        self.turn = 0
+
+    def rank(self, text: str, replicas: list[str]) -> Decision:
+        ordered = sorted(replicas)
+        chosen = ordered[self.turn % len(ordered)]
+        self.turn += 1
+        return Decision(self.then_the_rest(chosen, self.by_load(replicas)), "round_robin")
+
+
+def make_policy(routing: str, **prefix_settings) -> Policy:
+    if routing == "prefix":
+        return PrefixPolicy(**prefix_settings)
+    if routing == "power_of_two":
+        return PowerOfTwoPolicy()
+    if routing == "round_robin":
+        return RoundRobinPolicy()
+    raise ValueError(f"replicas.routing must be one of {list(ROUTINGS)}, got {routing!r}")

@@ -1,0 +1,99 @@
+"""The routing policies without Ray: a shared prefix follows the replica that was sent it, load bounds that,
+new prefixes spread, and the index forgets (LRU per replica, and a replica that is gone)."""
+
+from eyas.engine.serve.replicas.prefix_index import PrefixIndex
+from eyas.engine.serve.replicas.routing import PowerOfTwoPolicy, PrefixPolicy, RoundRobinPolicy, make_policy
+
+SYSTEM_A = "You are a careful assistant for a bakery. " * 20
+SYSTEM_B = "You answer questions about the railway timetable. " * 20
+REPLICAS = ["r0", "r1", "r2"]
+
+
+def route(policy, text, replicas=REPLICAS):
+    decision = policy.rank(text, replicas)
+    chosen = decision.ranks[0][0]
+    policy.routed(text, chosen)
+    return chosen, decision
+
+
+def test_the_index_matches_whole_chunks_of_a_chain():
+    index = PrefixIndex(chunk_chars=8, max_chunks=100)
+    index.insert("a", index.keys("0123456789abcdefXYZ"))
+    assert index.matched_chars(index.keys("0123456789abcdefQQQQQQQQ")) == {"a": 16}
+    assert index.matched_chars(index.keys("0123456789abcdeQ")) == {"a": 8}
+    # the same chunk after another prefix is another key: a chain, not a bag of chunks
+    assert index.matched_chars(index.keys("XXXXXXXX89abcdef")) == {"a": 0}
+    assert index.keys("short") == []
+
+
+def test_the_index_forgets_the_least_recently_routed_chunks_first():
+    index = PrefixIndex(chunk_chars=4, max_chunks=3)
+    index.insert("a", index.keys("aaaabbbbcccc"))
+    index.insert("a", index.keys("zzzz"))
+    assert index.size("a") == 3
+    assert index.matched_chars(index.keys("aaaabbbbcccc")) == {"a": 0}  # its first chunk went first
+    assert index.matched_chars(index.keys("zzzz")) == {"a": 4}
+    index.remove("a")
+    assert index.matched_chars(index.keys("zzzz")) == {}
+
+
+def test_requests_sharing_a_prefix_follow_the_first_and_new_prefixes_spread():
+    policy = PrefixPolicy(seed=0)
+    first_a, decision = route(policy, SYSTEM_A + "Q: bread?")
+    assert decision.reason == "least_loaded"
+    first_b, _ = route(policy, SYSTEM_B + "Q: first train?")
+    assert first_b != first_a  # equally loaded: the one holding fewer prefixes takes a new one
+    for question in ("rye?", "cake?", "opening hours?"):
+        chosen, decision = route(policy, SYSTEM_A + "Q: " + question)
+        assert (chosen, decision.reason) == (first_a, "prefix") and decision.matched_chars > 0
+        policy.completed(chosen)
+
+
+def test_a_prefix_is_followed_only_while_its_replica_is_within_max_imbalance():
+    policy = PrefixPolicy(max_imbalance=2, seed=0)
+    home, _ = route(policy, SYSTEM_A + "Q: 0")
+    chosen = [route(policy, SYSTEM_A + f"Q: {i}") for i in range(1, 5)]
+    assert [c for c, _ in chosen[:2]] == [home, home]  # loads 1, 2 over 0: within 2
+    (spill, decision), (then, then_decision) = chosen[2:]
+    assert spill != home and decision.reason == "balance"  # 3 over 0: load wins
+    assert (then, then_decision.reason) == (spill, "prefix")  # and the prefix is now held there too
+
+
+def test_a_short_match_does_not_decide():
+    policy = PrefixPolicy(min_match_ratio=0.5, chunk_chars=16, seed=0)
+    home, _ = route(policy, "x" * 64 + "a" * 16)
+    policy.completed(home)
+    other, _ = route(policy, "y" * 64)
+    policy.completed(other)
+    chosen, decision = route(policy, "x" * 32 + "b" * 96)  # 32 of 128 matched: under half
+    assert decision.reason == "least_loaded"
+
+
+def test_a_request_landing_elsewhere_is_recorded_where_it_landed_and_a_gone_replica_forgotten():
+    policy = PrefixPolicy(seed=0)
+    text = SYSTEM_A + "Q: 1"
+    decision = policy.rank(text, REPLICAS)
+    landed = decision.ranks[1][0]  # its first choice had no room
+    policy.routed(text, landed)
+    assert landed in decision.ranks[1]
+    assert policy.index.matched_chars(policy.index.keys(text))[landed] > 0
+    policy.forget(landed)
+    assert landed not in policy.index.matched_chars(policy.index.keys(text))
+    assert landed not in policy.inflight
+
+
+def test_round_robin_takes_turns_and_power_of_two_picks_the_less_loaded():
+    robin = RoundRobinPolicy()
+    assert [route(robin, "x")[0] for _ in range(6)] == ["r0", "r1", "r2", "r0", "r1", "r2"]
+    two = PowerOfTwoPolicy(seed=0)
+    two.inflight = {"r0": 5, "r1": 0}
+    for _ in range(10):
+        assert two.rank("x", ["r0", "r1"]).ranks[0] == ["r1"]
+
+
+def test_every_rank_lists_each_replica_once():
+    for routing in ("prefix", "power_of_two", "round_robin"):
+        policy = make_policy(routing)
+        for i in range(5):
+            ranks = policy.rank(SYSTEM_A + str(i), REPLICAS).ranks
+            assert sorted(r for rank in ranks for r in rank) == REPLICAS
