@@ -13,6 +13,7 @@ SUBCOMMANDS = {
     "structured": "speculation under a JSON schema, drafts masked and not; --mask-cost times the grammar engines",
     "prefix": "two servers, prefix cache on and off: time to first token of shared prefixes and multi-turn chats",
     "serve": "the server under load against transformers serve: throughput, TTFT and TPOT by request rate",
+    "replicas": "Ray Serve replicas: prefix-aware against round-robin routing on shared system prompts, by streams",
     "peers": "eyas's systems against llama.cpp, CTranslate2 and transformers on held-out prompts, interleaved",
     "quant": "weight formats: decode speed at a real model's shape, and each format's quality",
     "layouts": "the tiny target's fused projections in every float32 weight layout, timed alone",

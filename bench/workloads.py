@@ -117,3 +117,40 @@ def workload_prompts(name: str, n: int) -> list[str]:
     if name not in makers:
         raise ValueError(f"unknown workload {name!r}; allowed: {', '.join(WORKLOADS + CHAT_WORKLOADS)}")
     return makers[name](n)
+
+
+QUESTIONS = ("What does `{name}` do?", "Show a short example that calls `{module}.{name}`.",
+             "When would I use `{name}` rather than writing it myself?", "What arguments does `{name}` take?")
+
+
+def shared_system_prompts(num_prefixes: int, per_prefix: int, skip: int = 0,
+                          doc_chars: int = 1600) -> list[list[dict]]:
+    """`num_prefixes` x `per_prefix` chat conversations: each a system prompt about one standard library
+    module (those the chat heads' distillation held out first, then others: what is compared here is routing,
+    and every router sees the same prompts) (its docstring and its public names' docstrings, `doc_chars` characters: the shared prefix) and a question about
+    one of its functions or classes, never the same question twice. `skip` prefixes are passed over (a
+    second set of the same size is disjoint from the first). Prefixes go round-robin: requests of one
+    prefix are spread through the list, as concurrent users of a few system prompts send them."""
+    from eyas.prompts.chat import split_of, stdlib_modules
+
+    groups = []
+    modules = sorted(stdlib_modules(), key=lambda m: split_of(m[0], 10) != "heldout")  # held-out ones first
+    for module, file in modules:
+        try:
+            tree = ast.parse(file.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
+            continue
+        documented = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))
+                      and not n.name.startswith("_") and ast.get_docstring(n)]
+        names = sorted({n.name for n in documented})
+        questions = [q.format(name=name, module=module) for name in names for q in QUESTIONS]
+        doc = "\n\n".join([ast.get_docstring(tree) or "", *(f"{n.name}: {ast.get_docstring(n)}" for n in documented)])
+        if len(doc.strip()) < doc_chars or len(questions) < per_prefix:
+            continue
+        system = f"You answer questions about Python's `{module}` module. Its documentation:\n\n{doc[:doc_chars]}"
+        groups.append([[{"role": "system", "content": system}, {"role": "user", "content": q}]
+                       for q in questions[:per_prefix]])
+    groups = groups[skip:skip + num_prefixes]
+    if len(groups) < num_prefixes:
+        raise RuntimeError(f"only {len(groups)} modules with {per_prefix} questions available past {skip}")
+    return [group[i] for i in range(per_prefix) for group in groups]

@@ -17,6 +17,7 @@ script and refuses it (there is no cluster here), and the script is checked; `py
 this suite itself: `.ci/run` must run that command line as written instead.
 """
 
+import json
 import os
 import re
 import shlex
@@ -170,6 +171,18 @@ def run_segment(space: Workspace, words: list[str]) -> None:
                     "target" if "model=tiny" in words else "smollm2")  # the model directory's name
         assert status == 200 and f'"id":"{name}"' in models, models
         return
+    elif words[:1] == ["eyas-serve"] and "replicas=ray" in words:  # each its own local Ray cluster, stopped after
+        server = ServerProcess(*words[1:], cwd=space.path, as_written=True, startup_s=600)
+        try:
+            status, models = server.get("/v1/models")
+            health = json.loads(server.get("/health")[1])
+        finally:
+            server.stop()
+        replicas = next((int(w.split("=", 1)[1]) for w in words if w.startswith("replicas.num_replicas=")), 2)
+        name = "target" if "model=tiny" in words else "smollm2"
+        assert status == 200 and f'"id":"{name}"' in models and health["replicas"] == replicas, (models, health)
+        assert server.proc.returncode == 0
+        return
     elif words[:3] == ["python", "-m", "eyas.engine.report"]:
         done = space.run(words, env=_env())
         assert "wrote" in done.stdout and (Path(words[3]) / "report.md").is_file(), done.stdout + done.stderr
@@ -188,7 +201,7 @@ SLOW_COMMANDS = ("prompt='What is a Python decorator?'", "adaptive=off speculati
                  "-m adaptive=off speculative.num_steps=1,3,5", "# chain, up to 5 tokens", "speculative.topk=", "speculative=standalone", "# k = 4, ngram_trust",
                  "adaptive.tiers=", "-m sampling.temperature=", "-m adaptive=off,ema,throughput", "experiment=",
                  "hydra/sweeper=", "hydra/launcher=ray", "hydra/launcher=slurm", "pip install '.[sweep]'",
-                 "pip install '.[serve]'")
+                 "pip install '.[serve]'", "replicas=ray", "pip install '.[ray]'")
 
 
 def readme_command_params() -> list:

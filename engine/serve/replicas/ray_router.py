@@ -8,7 +8,7 @@ loaded replica with room in the first rank that has one.
 from ray.serve.request_router import PendingRequest, ReplicaID, ReplicaResult, RequestRouter, RunningReplica
 
 from eyas.engine.serve.replicas import router_metrics
-from eyas.engine.serve.replicas.routing import make_policy
+from eyas.engine.serve.replicas.routing import Decision, make_policy
 
 
 def routing_text(pending_request: PendingRequest | None) -> str:
@@ -20,22 +20,27 @@ def routing_text(pending_request: PendingRequest | None) -> str:
 class EyasRequestRouter(RequestRouter):
     def initialize_state(self, routing: str = "prefix", **prefix_settings):
         self.policy = make_policy(routing, **prefix_settings)
-        self.decisions: dict[str, tuple[str, int]] = {}  # internal request id -> (reason, matched chars)
+        self.decisions: dict[str, Decision] = {}  # internal request id -> its decision, until it is routed
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
         if not by_id:
             return []
-        decision = self.policy.rank(routing_text(pending_request), list(by_id))
-        if pending_request is not None:
-            self.decisions[pending_request.metadata.internal_request_id] = (decision.reason, decision.matched_chars)
-        return [[by_id[i] for i in rank] for rank in decision.ranks]
+        request_id = None if pending_request is None else pending_request.metadata.internal_request_id
+        decision = self.decisions.get(request_id)
+        if decision is None:  # Ray Serve may ask again for one request (its first choices had no room): one decision
+            decision = self.policy.rank(routing_text(pending_request), list(by_id))
+            if request_id is not None:
+                self.decisions[request_id] = decision
+        ranks = [[by_id[i] for i in rank if i in by_id] for rank in decision.ranks]
+        return [rank for rank in ranks if rank] or [list(by_id.values())]
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: ReplicaResult):
         text = routing_text(pending_request)
         self.policy.routed(text, replica_id.unique_id)
-        reason, matched = self.decisions.pop(pending_request.metadata.internal_request_id, ("unknown", 0))
+        decision = self.decisions.pop(pending_request.metadata.internal_request_id, None)
+        reason, matched = (decision.reason, decision.matched_chars) if decision else ("unknown", 0)
         router_metrics.ROUTED.labels(replica_id.unique_id, reason).inc()
         router_metrics.MATCHED_CHARS.inc(matched)
         router_metrics.ROUTED_CHARS.inc(len(text.encode()))
