@@ -16,6 +16,11 @@ how many leading positions hold final KV in every pool (the worker's drafter may
 `released(request)` is told whenever a request gives its row back (ended or preempted): the worker's
 drafter lets go of what it kept for that row.
 
+Requests that share more than the cache holds with a prefill of this step wait one step (or until that
+prefill is done): admitted together, each would compute the shared prompt (a system prompt many requests
+bring at once); a step later they find it cached. Admission stays first come, first served: the queue
+behind such a request waits with it. Identical prompts are not held back (their samples prefill once).
+
 Chunked prefill: a step computes at most `max_prefill_tokens` prompt tokens. A prompt with more left
 than that takes a chunk (`request.chunk_end`) and goes on next step, before anyone new is admitted,
 while the running requests decode in the same steps: one long prompt stalls no stream.
@@ -92,13 +97,15 @@ class Scheduler:
         (new and readmitted ones extend their sequence past their cached prefix, in chunks when long)."""
         self._grow_running()
         budget = self.max_prefill_tokens
-        for request in self.running:  # prefills under way first, oldest first
-            if not request.prefilled:
-                budget = self._chunk(request, budget)
+        prefilling = [r for r in self.running if not r.prefilled]
+        for request in prefilling:  # prefills under way first, oldest first
+            budget = self._chunk(request, budget)
         while budget > 0 and self.waiting and len(self.running) < self.max_running_requests:
             request = self.waiting[0]
             matched = self.kv.match(request.all_ids)
             if not self.kv.can_admit(self.step_tokens_for(request), matched):
+                break
+            if self._shares_a_prefill(request, len(matched) * self.kv.page_size, prefilling):
                 break
             self.waiting.popleft()
             request.row = self.kv.admit(self.step_tokens_for(request), matched)
@@ -110,9 +117,21 @@ class Scheduler:
                 self.cached_tokens_admitted += request.num_computed
             request.status = Status.RUNNING
             self.running.append(request)
+            prefilling.append(request)
             budget = self._chunk(request, budget)
         # a prefill the budget left no room for this step sits it out
         return [r for r in self.running if r.chunk_end is None or r.chunk_end > r.num_computed]
+
+    def _shares_a_prefill(self, request: Request, cached: int, prefilling: list[Request]) -> bool:
+        """Whether `request` shares the page past its `cached` tokens with a prefill under way (and the token
+        after it: the cache keys a page by its tokens and the next one)."""
+        if self.kv.prefix_cache is None:
+            return False
+        ids, end = request.all_ids, cached + self.kv.page_size + 1
+        if len(ids) <= end:  # it would compute its last page anyway
+            return False
+        return any(len(other.all_ids) >= end and other.all_ids[:end] == ids[:end] and other.all_ids != ids
+                   for other in prefilling)
 
     @staticmethod
     def _chunk(request: Request, budget: int) -> int:

@@ -292,3 +292,24 @@ def test_random_admissions_and_aborts_change_no_greedy_output(spec_pair, seed):
     assert len(kept) > 25
     assert [results["true"][i].token_ids for i in kept] == [results["false"][i].token_ids for i in kept]
     assert sum(o.stats["cached_tokens"] for o in results["true"]) > 100
+
+
+@pytest.mark.parametrize("algorithm", ["none", "eagle"])
+def test_requests_arriving_together_with_one_system_prompt_compute_it_once(spec_pair, algorithm):
+    """Admitted in the same step, each would prefill the shared system prompt; the scheduler admits the
+    others a step later, onto its cached pages, and the greedy tokens are the uncached engine's."""
+    target, heads = spec_pair
+    rng = random.Random(5)
+    system = [0] + [rng.randrange(2, 320) for _ in range(47)]
+    prompts = [system + [rng.randrange(2, 320) for _ in range(3 + i)] for i in range(4)] + [system + [7, 8, 9]] * 2
+    base = engine_overrides(target, algorithm, "cache.page_size=8", head=draft_head(algorithm, target, heads))
+    outs = {}
+    for caching in ("true", "false"):
+        with build_engine([*base, f"cache.prefix_caching={caching}"]) as eng:
+            outs[caching] = eng.generate(prompt_token_ids=prompts, sampling=GREEDY)
+            assert eng.scheduler.kv.all_free()
+    assert [o.token_ids for o in outs["true"]] == [o.token_ids for o in outs["false"]]
+    cached = [o.stats["cached_tokens"] for o in outs["true"]]
+    # the system prompt's pages but its last, which the cache keys with the token after it (the tails differ)
+    assert cached[0] == 0 and all(c == len(system) - 8 for c in cached[1:5]), cached
+    assert cached[5] == cached[4]  # identical prompts are admitted together (their prefill is shared)
