@@ -13,7 +13,9 @@ and level:
 - throughput: completion tokens / wall time from the first request sent to the last one finished;
 - TTFT: from sending a request to its first streamed text, p50 / p90;
 - prefix cache hit rate: prompt tokens the replicas found cached / prompt tokens (their `usage`);
-- how the requests spread over the replicas (`x-eyas-replica`), and errors.
+- the same over every level's requests together (`all`);
+- how the requests spread over the replicas (`x-eyas-replica`), how many went elsewhere than the routing
+  policy's first choice (it had no room, or did not tell Ray Serve its queue length in time), and errors.
 
     python -m eyas.bench replicas                                  # the default model, levels 1, 8, 32
     python -m eyas.bench replicas --model tiny --concurrency 1,8 --prefixes 2 --per-prefix 4
@@ -33,13 +35,15 @@ from eyas.bench.record import add_out_argument, scalars, write_record
 from eyas.bench.serve import Server, free_port, percentile
 from eyas.bench.workloads import shared_system_prompts
 
+PASSED_OVER = "eyas_router_first_choice_passed_over_total"  # the router sent a request elsewhere than it chose
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m eyas.bench replicas", description=__doc__.split("\n\n")[0])
     p.add_argument("--routings", default="prefix,round_robin", help="replicas.routing values, comma-separated")
     p.add_argument("--concurrency", default="1,8,32", help="concurrent streams per level, comma-separated")
     p.add_argument("--prefixes", type=int, default=4, help="system prompts per level")
-    p.add_argument("--per-prefix", type=int, default=8, help="questions per system prompt")
+    p.add_argument("--per-prefix", type=int, default=16, help="questions per system prompt")
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--seed", type=int, default=0, help="shuffles the order of the requests (one order for all)")
     p.add_argument("--num-replicas", type=int, default=2)
@@ -85,6 +89,15 @@ async def run_level(server: Server, conversations: list[list[dict]], streams: in
     return {"records": records, "wall_s": time.perf_counter() - start}
 
 
+def router_counter(server: Server, name: str) -> float:
+    import re
+    import urllib.request
+
+    with urllib.request.urlopen(server.base + "/metrics", timeout=30) as response:
+        text = response.read().decode()
+    return sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, flags=re.M))
+
+
 def summarize(load: dict) -> dict:
     records = [r for r in load["records"] if r["error"] is None]
     ttft = [r["first"] - r["sent"] for r in records if r["first"] is not None]
@@ -109,7 +122,30 @@ def start_deployment(args, routing: str, workdir: str) -> Server:
     overrides = [f"replicas.routing={routing}", f"replicas.num_replicas={args.num_replicas}", *args.overrides.split()]
     if args.model:
         overrides.append(f"model={args.model}")
-    return Server(f"eyas-{routing}", ["eyas-serve", "replicas=ray", f"server.port={port}", *overrides], port, workdir)
+    server = Server(f"eyas-{routing}", ["eyas-serve", "replicas=ray", f"server.port={port}", *overrides], port, workdir)
+    try:
+        until_every_replica_answers(server, args.num_replicas)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+def until_every_replica_answers(server: Server, num_replicas: int, timeout_s: float = 300) -> None:
+    """One-token requests until each replica has answered one: the ingress's router learns of the replicas a
+    while after the deployment is up (until then it sends everything to those it knows), and each replica's
+    first request pays its warm-up."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0, timeout=300)
+    seen, deadline, i = set(), time.monotonic() + timeout_s, 0
+    while len(seen) < num_replicas:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {len(seen)} of {num_replicas} replicas answered within {timeout_s} s")
+        raw = client.completions.with_raw_response.create(model=server.model, prompt=f"warm-up {i}", max_tokens=1)
+        seen.add(raw.headers["x-eyas-replica"])
+        i += 1
+        time.sleep(0.2)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -121,28 +157,37 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{args.num_replicas} replicas on a local Ray cluster; per level {args.prefixes} system prompts x "
           f"{args.per_prefix} questions, {args.max_tokens} new tokens, greedy, streaming; load average at start: "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cpus", flush=True)
-    rows = []
+    rows, pooled = [], []  # pooled: every level's requests of a routing together
     with tempfile.TemporaryDirectory(prefix="bench_replicas_") as workdir:
         for routing in routings:
             server = start_deployment(args, routing, workdir)
+            loads = []
             try:
                 for streams in levels:
-                    summary = summarize(asyncio.run(run_level(server, workloads[streams], streams, args.max_tokens)))
+                    passed_over = router_counter(server, PASSED_OVER)
+                    loads.append(asyncio.run(run_level(server, workloads[streams], streams, args.max_tokens)))
+                    summary = summarize(loads[-1])
+                    summary["passed_over"] = int(router_counter(server, PASSED_OVER) - passed_over)
                     rows.append({"streams": streams, "routing": routing, **summary})
                     print(f"{routing}, {streams} streams: {summary['tok_s']:.1f} tok/s, TTFT p50 "
                           f"{summary['ttft_p50_ms']:.0f} ms, hit rate {summary['hit_rate']:.2f}, errors "
                           f"{summary['errors']}{': ' + summary['first_error'] if summary['errors'] else ''}", flush=True)
+                every = summarize({"records": [r for load in loads for r in load["records"]],
+                                   "wall_s": sum(load["wall_s"] for load in loads)})
+                every["passed_over"] = sum(r["passed_over"] for r in rows if r["routing"] == routing)
+                pooled.append({"streams": "all", "routing": routing, **every})
             finally:
                 server.stop()
+    rows += pooled
     base = routings[-1]
     print(f"\n| streams | routing | tok/s | TTFT p50 / p90 (ms) | prefix cache hit rate | requests per replica | "
-          f"errors | tok/s, TTFT p50 vs {base} |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+          f"not the first choice | errors | tok/s, TTFT p50 vs {base} |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         ref = next(b for b in rows if b["streams"] == r["streams"] and b["routing"] == base)
         ratio = f"{ratio_of(r['tok_s'], ref['tok_s'])}, {ratio_of(r['ttft_p50_ms'], ref['ttft_p50_ms'])}"
         print(f"| {r['streams']} | {r['routing']} | {r['tok_s']:.1f} | {r['ttft_p50_ms']:.0f} / {r['ttft_p90_ms']:.0f} | "
-              f"{r['hit_rate']:.2f} | {r['per_replica']} | {r['errors']}/{r['requests']} | {ratio} |")
+              f"{r['hit_rate']:.2f} | {r['per_replica']} | {r['passed_over']} | {r['errors']}/{r['requests']} | {ratio} |")
     print(f"\nmean prompt: {rows[0]['prompt_tokens_mean']:.0f} tokens. Ratios were measured in this run, on this "
           f"machine; they do not transfer to other hardware.")
     write_record(args.out, "replicas", argv, [scalars(r) for r in rows], {"rows": rows})

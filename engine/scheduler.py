@@ -18,8 +18,9 @@ drafter lets go of what it kept for that row.
 
 Requests that share more than the cache holds with a prefill of this step wait one step (or until that
 prefill is done): admitted together, each would compute the shared prompt (a system prompt many requests
-bring at once); a step later they find it cached. Admission stays first come, first served: the queue
-behind such a request waits with it. Identical prompts are not held back (their samples prefill once).
+bring at once); a step later they find it cached. Requests behind them that share nothing with a prefill
+under way are admitted meanwhile; the held ones stay first in the queue. Identical prompts are not held
+back (their samples prefill once).
 
 Chunked prefill: a step computes at most `max_prefill_tokens` prompt tokens. A prompt with more left
 than that takes a chunk (`request.chunk_end`) and goes on next step, before anyone new is admitted,
@@ -100,12 +101,14 @@ class Scheduler:
         prefilling = [r for r in self.running if not r.prefilled]
         for request in prefilling:  # prefills under way first, oldest first
             budget = self._chunk(request, budget)
+        held = []  # waiting on a prefill of this step that computes their prefix
         while budget > 0 and self.waiting and len(self.running) < self.max_running_requests:
             request = self.waiting[0]
             matched = self.kv.match(request.all_ids)
-            if not self.kv.can_admit(self.step_tokens_for(request), matched):
-                break
             if self._shares_a_prefill(request, len(matched) * self.kv.page_size, prefilling):
+                held.append(self.waiting.popleft())
+                continue
+            if not self.kv.can_admit(self.step_tokens_for(request), matched):
                 break
             self.waiting.popleft()
             request.row = self.kv.admit(self.step_tokens_for(request), matched)
@@ -119,6 +122,7 @@ class Scheduler:
             self.running.append(request)
             prefilling.append(request)
             budget = self._chunk(request, budget)
+        self.waiting.extendleft(reversed(held))  # first in the queue again, in their order
         # a prefill the budget left no room for this step sits it out
         return [r for r in self.running if r.chunk_end is None or r.chunk_end > r.num_computed]
 

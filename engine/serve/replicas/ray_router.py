@@ -10,6 +10,8 @@ from ray.serve.request_router import PendingRequest, ReplicaID, ReplicaResult, R
 from eyas.engine.serve.replicas import router_metrics
 from eyas.engine.serve.replicas.routing import Decision, make_policy
 
+MAX_DECISIONS = 100_000
+
 
 def routing_text(pending_request: PendingRequest | None) -> str:
     if pending_request is None or not pending_request.args:
@@ -20,7 +22,9 @@ def routing_text(pending_request: PendingRequest | None) -> str:
 class EyasRequestRouter(RequestRouter):
     def initialize_state(self, routing: str = "prefix", **prefix_settings):
         self.policy = make_policy(routing, **prefix_settings)
-        self.decisions: dict[str, Decision] = {}  # internal request id -> its decision, until it is routed
+        # internal request id -> its decision, until the request completes: Ray Serve may ask again for a request,
+        # even after routing it (another of its routing tasks), and gets the same answer
+        self.decisions: dict[str, Decision] = {}
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
@@ -32,15 +36,22 @@ class EyasRequestRouter(RequestRouter):
         if decision is None:  # Ray Serve may ask again for one request (its first choices had no room): one decision
             decision = self.policy.rank(routing_text(pending_request), list(by_id))
             if request_id is not None:
+                if len(self.decisions) > MAX_DECISIONS:  # requests whose completion was never reported
+                    self.decisions.pop(next(iter(self.decisions)))
                 self.decisions[request_id] = decision
         ranks = [[by_id[i] for i in rank if i in by_id] for rank in decision.ranks]
         return [rank for rank in ranks if rank] or [list(by_id.values())]
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: ReplicaResult):
         text = routing_text(pending_request)
-        self.policy.routed(text, replica_id.unique_id)
-        decision = self.decisions.pop(pending_request.metadata.internal_request_id, None)
-        reason, matched = (decision.reason, decision.matched_chars) if decision else ("unknown", 0)
+        decision = self.decisions.get(pending_request.metadata.internal_request_id)
+        if decision is None:  # not ranked here (cannot happen under Ray Serve's contract): count it where it landed
+            decision = Decision([[replica_id.unique_id]], "unknown")
+            self.policy.inflight[replica_id.unique_id] = self.policy.inflight.get(replica_id.unique_id, 0) + 1
+        self.policy.routed(text, replica_id.unique_id, decision)
+        reason, matched = decision.reason, decision.matched_chars
+        if replica_id.unique_id != decision.first:
+            router_metrics.ELSEWHERE.inc()
         router_metrics.ROUTED.labels(replica_id.unique_id, reason).inc()
         router_metrics.MATCHED_CHARS.inc(matched)
         router_metrics.ROUTED_CHARS.inc(len(text.encode()))

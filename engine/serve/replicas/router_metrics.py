@@ -13,6 +13,8 @@ ROUTED = Counter("eyas_router_requests", "Requests routed, by replica and reason
 MATCHED_CHARS = Counter("eyas_router_matched_chars", "Characters of routed requests' text that their replica was "
                         "sent before (prefix routing)", registry=REGISTRY)
 ROUTED_CHARS = Counter("eyas_router_text_chars", "Characters of routed requests' text", registry=REGISTRY)
+ELSEWHERE = Counter("eyas_router_first_choice_passed_over", "Requests sent to another replica than the policy's "
+                    "first choice (it had no room, or did not tell its queue length in time)", registry=REGISTRY)
 RETRIED = Counter("eyas_router_retries", "Requests sent again to another replica after theirs died before "
                   "their first token", registry=REGISTRY)
 FAILED = Counter("eyas_router_failures", "Requests ended with an error by the ingress, by cause", ["cause"],

@@ -26,19 +26,33 @@ class Decision:
     reason: str  # prefix | balance (a prefix held by a replica too loaded) | least_loaded | power_of_two | round_robin
     matched_chars: int = 0  # of the chosen replica (prefix routing)
 
+    @property
+    def first(self) -> str:
+        return self.ranks[0][0]
+
 
 class Policy:
-    """Counts requests in flight per replica (`routed` / `completed`); subclasses rank."""
+    """Counts requests in flight per replica: a request counts on its first choice from the moment it is
+    ranked (a burst of requests ranked before any lands sees the ones before it), moves if it lands on another
+    replica (`routed`), and stops counting when it completes. Subclasses rank (`choose`)."""
 
     def __init__(self, seed: int | None = None):
         self.inflight: dict[str, int] = {}
         self.random = random.Random(seed)
 
     def rank(self, text: str, replicas: list[str]) -> Decision:
+        decision = self.choose(text, replicas)
+        self.inflight[decision.first] = self.inflight.get(decision.first, 0) + 1
+        return decision
+
+    def choose(self, text: str, replicas: list[str]) -> Decision:
         raise NotImplementedError
 
-    def routed(self, text: str, replica: str) -> None:
-        self.inflight[replica] = self.inflight.get(replica, 0) + 1
+    def routed(self, text: str, replica: str, decision: Decision) -> None:
+        """The request `decision` ranked landed on `replica`."""
+        if replica != decision.first:
+            self.completed(decision.first)
+            self.inflight[replica] = self.inflight.get(replica, 0) + 1
 
     def completed(self, replica: str) -> None:
         if self.inflight.get(replica, 0) > 0:
@@ -67,7 +81,7 @@ class PrefixPolicy(Policy):
         self.min_match_ratio, self.max_imbalance = min_match_ratio, max_imbalance
         self.index = PrefixIndex(chunk_chars, max_chunks)
 
-    def rank(self, text: str, replicas: list[str]) -> Decision:
+    def choose(self, text: str, replicas: list[str]) -> Decision:
         keys = self.index.keys(text)
         matched = self.index.matched_chars(keys)
         ordered = sorted(self.by_load(replicas), key=lambda r: (self.load(r), self.index.size(r)))
@@ -86,9 +100,10 @@ class PrefixPolicy(Policy):
         self.index.insert(chosen, keys)
         return Decision(self.then_the_rest(chosen, ordered), reason, matched.get(chosen, 0))
 
-    def routed(self, text: str, replica: str) -> None:
-        super().routed(text, replica)
-        self.index.insert(replica, self.index.keys(text))  # where it went when the first choice had no room
+    def routed(self, text: str, replica: str, decision: Decision) -> None:
+        super().routed(text, replica, decision)
+        if replica != decision.first:  # where it went when the first choice had no room
+            self.index.insert(replica, self.index.keys(text))
 
     def forget(self, replica: str) -> None:
         super().forget(replica)
@@ -96,7 +111,7 @@ class PrefixPolicy(Policy):
 
 
 class PowerOfTwoPolicy(Policy):
-    def rank(self, text: str, replicas: list[str]) -> Decision:
+    def choose(self, text: str, replicas: list[str]) -> Decision:
         pair = self.random.sample(replicas, min(2, len(replicas)))
         chosen = min(pair, key=self.load)
         return Decision(self.then_the_rest(chosen, self.by_load(replicas)), "power_of_two")
@@ -107,7 +122,7 @@ class RoundRobinPolicy(Policy):
         super().__init__(seed)
         self.turn = 0
 
-    def rank(self, text: str, replicas: list[str]) -> Decision:
+    def choose(self, text: str, replicas: list[str]) -> Decision:
         ordered = sorted(replicas)
         chosen = ordered[self.turn % len(ordered)]
         self.turn += 1

@@ -6,7 +6,10 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
+import subprocess
+import tempfile
 import threading
 import time
 
@@ -14,7 +17,7 @@ import openai
 import pytest
 from openai import OpenAI
 from support import build_engine
-from support.server_process import SERVED_PROMPTS, ServerProcess
+from support.server_process import SERVED_PROMPTS, ServerProcess, free_port
 
 from eyas import SamplingParams
 
@@ -223,3 +226,32 @@ def test_a_replica_killed_under_load_loses_no_request_and_is_replaced(tmp_path_f
             time.sleep(1)
     finally:
         server.stop()
+
+
+def test_joining_a_running_cluster_serves_and_leaves_the_cluster_up(tmp_path_factory, tmp_path):
+    """`ray start --head`, then `eyas-serve replicas=ray replicas.address=...`: it deploys onto that cluster,
+    and on exit removes its application, not the cluster."""
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths have a length limit
+    port = free_port()
+    head = subprocess.run(["ray", "start", "--head", f"--port={port}", "--num-cpus=2", f"--temp-dir={temp}",
+                           "--disable-usage-stats", "--include-dashboard=false"], capture_output=True, text=True,
+                          timeout=180, env=env)
+    assert head.returncode == 0, head.stdout + head.stderr
+    try:
+        os.environ["RAY_AUTH_MODE"] = "disabled"  # the server process joins without a token, as the head runs
+        server, client = start(tmp_path_factory, f"replicas.address=127.0.0.1:{port}", "replicas.num_replicas=1")
+        try:
+            assert json.loads(server.get("/health")[1]) == {"status": "ok", "replicas": 1}
+            reply = client.completions.create(model=MODEL, prompt="def add(a, b):", max_tokens=4, temperature=0)
+            assert reply.usage.completion_tokens == 4
+        finally:
+            server.stop()
+        assert server.proc.returncode == 0
+        status = subprocess.run(["ray", "status", f"--address=127.0.0.1:{port}"], capture_output=True, text=True,
+                                timeout=120, env=env)
+        assert status.returncode == 0, status.stdout + status.stderr  # the cluster is still up
+    finally:
+        os.environ.pop("RAY_AUTH_MODE", None)
+        subprocess.run(["ray", "stop", "--force"], capture_output=True, timeout=120, env=env)
+        shutil.rmtree(temp, ignore_errors=True)

@@ -11,9 +11,8 @@ REPLICAS = ["r0", "r1", "r2"]
 
 def route(policy, text, replicas=REPLICAS):
     decision = policy.rank(text, replicas)
-    chosen = decision.ranks[0][0]
-    policy.routed(text, chosen)
-    return chosen, decision
+    policy.routed(text, decision.first, decision)
+    return decision.first, decision
 
 
 def test_the_index_matches_whole_chunks_of_a_chain():
@@ -74,9 +73,9 @@ def test_a_request_landing_elsewhere_is_recorded_where_it_landed_and_a_gone_repl
     text = SYSTEM_A + "Q: 1"
     decision = policy.rank(text, REPLICAS)
     landed = decision.ranks[1][0]  # its first choice had no room
-    policy.routed(text, landed)
-    assert landed in decision.ranks[1]
+    policy.routed(text, landed, decision)
     assert policy.index.matched_chars(policy.index.keys(text))[landed] > 0
+    assert policy.inflight[landed] == 1 and policy.inflight[decision.first] == 0  # counted where it landed
     policy.forget(landed)
     assert landed not in policy.index.matched_chars(policy.index.keys(text))
     assert landed not in policy.inflight
@@ -88,7 +87,7 @@ def test_round_robin_takes_turns_and_power_of_two_picks_the_less_loaded():
     two = PowerOfTwoPolicy(seed=0)
     two.inflight = {"r0": 5, "r1": 0}
     for _ in range(10):
-        assert two.rank("x", ["r0", "r1"]).ranks[0] == ["r1"]
+        assert two.choose("x", ["r0", "r1"]).ranks[0] == ["r1"]
 
 
 def test_every_rank_lists_each_replica_once():
@@ -97,3 +96,11 @@ def test_every_rank_lists_each_replica_once():
         for i in range(5):
             ranks = policy.rank(SYSTEM_A + str(i), REPLICAS).ranks
             assert sorted(r for rank in ranks for r in rank) == REPLICAS
+
+
+def test_a_burst_ranked_before_any_request_lands_is_still_load_bounded():
+    """Ray Serve may rank many requests before reporting any routed: each counts on its first choice at once."""
+    policy = PrefixPolicy(max_imbalance=2, seed=0)
+    firsts = [policy.rank(SYSTEM_A + f"Q: {i}", ["r0", "r1"]).first for i in range(8)]
+    assert sorted(policy.inflight.values()) == [4, 4]  # within 2 of each other throughout, 8 in all
+    assert firsts[:3] == [firsts[0]] * 3  # the prefix is followed while the bound allows
