@@ -58,11 +58,11 @@ def serve_replicas(config: dict, console: Console) -> None:
     except RuntimeError as e:  # Ray Serve: the application did not deploy (a replica failed to start)
         raise EyasError(f"the replicas did not start: {e}") from None
     finally:
-        try:
-            serve.delete(container.app_name())
-            ray.kill(ray.get_actor(container.board_name(), namespace="eyas"))
-        except Exception:  # noqa: BLE001 - shutting down what is left
-            pass
-        if local:
-            serve.shutdown()
+        if local:  # the cluster this process started goes with it, replicas and all
             ray.shutdown()
+        else:  # a cluster others may use: only this application and its metrics board
+            try:
+                serve.delete(container.app_name())
+                ray.kill(ray.get_actor(container.board_name(), namespace="eyas"))
+            except Exception:  # noqa: BLE001 - shutting down what is left
+                pass

@@ -224,6 +224,18 @@ def test_bench_serve_compares_both_servers(tmp_path):
     assert "| inf | eyas |" in out and plot.stat().st_size > 5000
 
 
+@pytest.mark.slow  # two local Ray deployments start: about a minute and a half
+def test_bench_replicas_compares_routings_on_shared_system_prompts(tmp_path):
+    out = run_bench("replicas", "--model", "tiny", "--concurrency", "1,4", "--prefixes", "2", "--per-prefix", "3",
+                    "--max-tokens", "4", "--out", str(tmp_path))
+    rows = read_record(tmp_path, "replicas")["results"]["rows"]
+    assert {(r["streams"], r["routing"]) for r in rows} == {
+        (streams, routing) for streams in (1, 4, "all") for routing in ("prefix", "round_robin")}
+    assert all(r["errors"] == 0 and r["requests"] in (6, 12) and r["tok_s"] > 0 for r in rows)
+    assert all(0 < r["hit_rate"] < 1 for r in rows)  # every prompt but a prefix's first finds its system prompt
+    assert "| all | prefix |" in out
+
+
 @pytest.mark.slow  # grammars compiled per engine: about 8 s
 def test_bench_structured_compares_masked_and_unmasked_drafts(tmp_path):
     out = run_bench("structured", "--configs", "k=3", "--num-prompts", "2", "--out", str(tmp_path))
@@ -260,8 +272,8 @@ def test_the_bench_tool_lists_its_subcommands_and_names_the_allowed_ones(capsys)
     listing = run([sys.executable, "-m", "eyas.bench", "--help"])
     from eyas.bench.__main__ import SUBCOMMANDS
 
-    assert list(SUBCOMMANDS) == ["decode", "spec", "adaptive", "sampled", "structured", "prefix", "serve", "peers",
-                                 "quant", "layouts"]
+    assert list(SUBCOMMANDS) == ["decode", "spec", "adaptive", "sampled", "structured", "prefix", "serve",
+                                 "replicas", "peers", "quant", "layouts"]
     assert all(f"  {name} " in listing for name in SUBCOMMANDS)
     done = subprocess.run([sys.executable, "-m", "eyas.bench", "specs"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "unknown subcommand 'specs'; allowed: decode, spec, adaptive" in done.stderr
