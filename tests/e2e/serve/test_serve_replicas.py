@@ -22,7 +22,6 @@ from support.server_process import SERVED_PROMPTS, ServerProcess, free_port
 
 from eyas import SamplingParams
 
-pytest.importorskip("ray.serve")
 pytestmark = pytest.mark.slow  # a Ray cluster each: ~30 s to start
 
 MODEL = "target"

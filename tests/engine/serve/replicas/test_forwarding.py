@@ -29,7 +29,15 @@ def demo_app(seen: dict) -> FastAPI:
 
         return StreamingResponse(chunks(), media_type="text/event-stream")
 
-    return app
+    async def recording(scope, receive, send):  # what the app was told by the forwarding
+        async def spy():
+            message = await receive()
+            seen.setdefault("received", []).append(message["type"])
+            return message
+
+        await app(scope, spy, send)
+
+    return recording
 
 
 def collect(app, request: ForwardedRequest, limit: int | None = None) -> list:
@@ -60,6 +68,7 @@ def test_a_stream_comes_in_parts_and_closing_them_hangs_up():
     assert isinstance(parts[0], ResponseHead) and parts[0].more and parts[0].body == b"data: 0\n\n"
     assert parts[1:] == [b"data: 1\n\n", b"data: 2\n\n"]
     assert seen.get("stream_closed")  # the app's stream was ended, not left running
+    assert "http.disconnect" in seen["received"]  # ended by the hang-up it was told of, not by being cancelled
 
 
 def test_an_unknown_path_is_the_apps_own_404():

@@ -4,12 +4,8 @@ however often Ray Serve asks, ranks of the candidates it offers, the text the in
 import asyncio
 from types import SimpleNamespace
 
-import pytest
-
-pytest.importorskip("ray.serve")
-
-from eyas.engine.serve.replicas.forwarding import ForwardedRequest  # noqa: E402
-from eyas.engine.serve.replicas.ray_router import EyasRequestRouter  # noqa: E402
+from eyas.engine.serve.replicas.forwarding import ForwardedRequest
+from eyas.engine.serve.replicas.ray_router import EyasRequestRouter
 
 SYSTEM = "You are a careful assistant for a bakery. " * 20
 
