@@ -17,6 +17,8 @@ and level:
 - how the requests spread over the replicas (`x-eyas-replica`), how many went elsewhere than the routing
   policy's first choice (it had no room, or did not tell Ray Serve its queue length in time), and errors.
 
+The record (`--out`) keeps every request's times, replica and token counts besides the table.
+
     python -m eyas.bench replicas                                  # the default model, levels 1, 8, 32
     python -m eyas.bench replicas --model tiny --concurrency 1,8 --prefixes 2 --per-prefix 4
 
@@ -157,7 +159,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{args.num_replicas} replicas on a local Ray cluster; per level {args.prefixes} system prompts x "
           f"{args.per_prefix} questions, {args.max_tokens} new tokens, greedy, streaming; load average at start: "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cpus", flush=True)
-    rows, pooled = [], []  # pooled: every level's requests of a routing together
+    rows, pooled, requests = [], [], []  # pooled: every level's requests of a routing together
     with tempfile.TemporaryDirectory(prefix="bench_replicas_") as workdir:
         for routing in routings:
             server = start_deployment(args, routing, workdir)
@@ -169,6 +171,7 @@ def main(argv: list[str] | None = None) -> None:
                     summary = summarize(loads[-1])
                     summary["passed_over"] = int(router_counter(server, PASSED_OVER) - passed_over)
                     rows.append({"streams": streams, "routing": routing, **summary})
+                    requests += [{"streams": streams, "routing": routing, **r} for r in loads[-1]["records"]]
                     print(f"{routing}, {streams} streams: {summary['tok_s']:.1f} tok/s, TTFT p50 "
                           f"{summary['ttft_p50_ms']:.0f} ms, hit rate {summary['hit_rate']:.2f}, errors "
                           f"{summary['errors']}{': ' + summary['first_error'] if summary['errors'] else ''}", flush=True)
@@ -190,7 +193,7 @@ def main(argv: list[str] | None = None) -> None:
               f"{r['hit_rate']:.2f} | {r['per_replica']} | {r['passed_over']} | {r['errors']}/{r['requests']} | {ratio} |")
     print(f"\nmean prompt: {rows[0]['prompt_tokens_mean']:.0f} tokens. Ratios were measured in this run, on this "
           f"machine; they do not transfer to other hardware.")
-    write_record(args.out, "replicas", argv, [scalars(r) for r in rows], {"rows": rows})
+    write_record(args.out, "replicas", argv, [scalars(r) for r in rows], {"rows": rows, "requests": requests})
 
 
 if __name__ == "__main__":

@@ -49,7 +49,3 @@ class PrefixIndex:
     def remove(self, replica: str) -> None:
         """A replica gone (its cache with it)."""
         self._chunks.pop(replica, None)
-
-    def size(self, replica: str) -> int:
-        """Chunks a replica holds: the prefix router sends a new prefix to the emptier of equally loaded ones."""
-        return len(self._chunks.get(replica, ()))

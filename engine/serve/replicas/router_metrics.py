@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 REGISTRY = CollectorRegistry()
 ROUTED = Counter("eyas_router_requests", "Requests routed, by replica and reason (prefix, balance: its prefix's "
-                 "replica was too loaded, least_loaded, power_of_two, round_robin)", ["replica", "reason"],
+                 "replicas were too loaded, no_prefix, power_of_two, round_robin)", ["replica", "reason"],
                  registry=REGISTRY)
 MATCHED_CHARS = Counter("eyas_router_matched_chars", "Characters of routed requests' text that their replica was "
                         "sent before (prefix routing)", registry=REGISTRY)

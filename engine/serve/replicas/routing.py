@@ -4,10 +4,13 @@ Each policy sees the request's routing text and the replicas' loads (requests in
 the router sends the request to the least loaded replica of the first rank that has room, else of the next
 (Ray Serve's `RequestRouter` contract). No Ray here: `ray_router` adapts a policy to Ray Serve.
 
-- `prefix`: the replica that was sent the longest prefix of this text wins when the match covers at least
-  `min_match_ratio` of the text and its load is within `max_imbalance` requests of the least loaded one;
-  otherwise the least loaded replica (the one holding the fewest prefixes among equals) takes it. A
-  replica's KV cache keeps target and draft KV together, so a hit also keeps speculation warm.
+- `prefix`: of the replicas within `max_imbalance` requests in flight of the least loaded one, those that were
+  sent the longest prefix of this text (or nearly as long: `NEAR_MATCH` of it) take it in turn, when the
+  match covers at least `min_match_ratio` of the text; otherwise the replicas within the bound take it in
+  turn. A replica's KV cache keeps target and draft KV together, so a hit also keeps speculation warm. Turns,
+  not the least loaded one, among equals: requests that a step ends together come back together, and the
+  least loaded replica would take them all and prefill them in one step again (measured: time to first token
+  grows with the requests a replica admits at once, more than with a load difference within the bound).
 - `power_of_two`: the less loaded of two replicas drawn at random.
 - `round_robin`: each replica in turn.
 """
@@ -18,12 +21,15 @@ from dataclasses import dataclass
 from eyas.engine.serve.replicas.prefix_index import PrefixIndex
 
 ROUTINGS = ("prefix", "power_of_two", "round_robin")
+# a replica sent at least this share of the longest match holds the prefix as well (requests after one system
+# prompt differ by a chunk or two of their questions; a longer conversation held elsewhere still wins)
+NEAR_MATCH = 0.875
 
 
 @dataclass
 class Decision:
     ranks: list[list[str]]
-    reason: str  # prefix | balance (a prefix held by a replica too loaded) | least_loaded | power_of_two | round_robin
+    reason: str  # prefix | balance (a prefix held by replicas too loaded) | no_prefix | power_of_two | round_robin
     matched_chars: int = 0  # of the chosen replica (prefix routing)
 
     @property
@@ -80,25 +86,29 @@ class PrefixPolicy(Policy):
         super().__init__(seed)
         self.min_match_ratio, self.max_imbalance = min_match_ratio, max_imbalance
         self.index = PrefixIndex(chunk_chars, max_chunks)
+        self.turns: dict[str, int] = {}  # replica -> when it was last chosen (a count of decisions)
+        self.decisions = 0
 
     def choose(self, text: str, replicas: list[str]) -> Decision:
         keys = self.index.keys(text)
         matched = self.index.matched_chars(keys)
-        ordered = sorted(self.by_load(replicas), key=lambda r: (self.load(r), self.index.size(r)))
-        least = ordered[0]
-        best = max(ordered, key=lambda r: matched.get(r, 0))  # of equal matches, the least loaded
-        hit = matched.get(best, 0)
-        if text and hit >= self.min_match_ratio * len(text.encode()) and hit > 0:
-            if self.load(best) - self.load(least) <= self.max_imbalance:
-                chosen, reason = best, "prefix"
-            else:
-                chosen, reason = least, "balance"
+        least = min(self.load(r) for r in replicas)
+        in_turn = sorted(self.by_load(replicas), key=lambda r: self.turns.get(r, -1))  # least recently chosen first
+        within = [r for r in in_turn if self.load(r) - least <= self.max_imbalance]
+        enough = max(1, self.min_match_ratio * len(text.encode()))
+        best = max((matched.get(r, 0) for r in within), default=0)
+        if best >= enough:
+            chosen = next(r for r in within if matched.get(r, 0) >= NEAR_MATCH * best)
+            reason = "prefix"
         else:
-            chosen, reason = least, "least_loaded"
+            chosen = within[0]
+            reason = "balance" if any(matched.get(r, 0) >= enough for r in replicas) else "no_prefix"
+        self.decisions += 1
+        self.turns[chosen] = self.decisions
         # recorded now, not when the replica accepts it: the next request with this prefix, routed before
         # this one lands, follows it
         self.index.insert(chosen, keys)
-        return Decision(self.then_the_rest(chosen, ordered), reason, matched.get(chosen, 0))
+        return Decision(self.then_the_rest(chosen, self.by_load(replicas)), reason, matched.get(chosen, 0))
 
     def routed(self, text: str, replica: str, decision: Decision) -> None:
         super().routed(text, replica, decision)
@@ -108,6 +118,7 @@ class PrefixPolicy(Policy):
     def forget(self, replica: str) -> None:
         super().forget(replica)
         self.index.remove(replica)
+        self.turns.pop(replica, None)
 
 
 class PowerOfTwoPolicy(Policy):
