@@ -16,9 +16,10 @@ how many leading positions hold final KV in every pool (the worker's drafter may
 `released(request)` is told whenever a request gives its row back (ended or preempted): the worker's
 drafter lets go of what it kept for that row.
 
-Requests that share more than the cache holds with a prefill of this step wait one step (or until that
-prefill is done): admitted together, each would compute the shared prompt (a system prompt many requests
-bring at once); a step later they find it cached. Requests behind them that share nothing with a prefill
+Requests that share at least `HOLD_MIN_PAGES` pages past what the cache holds with a prefill of this step
+wait one step (or until that prefill is done): admitted together, each would compute the shared prompt (a
+system prompt many requests bring at once); a step later they find it cached. A shorter shared span (the
+first words of two questions after a cached system prompt) is not worth a step of the request's latency. Requests behind them that share nothing with a prefill
 under way are admitted meanwhile; the held ones stay first in the queue. Identical prompts are not held
 back (their samples prefill once).
 
@@ -32,6 +33,8 @@ from typing import Callable
 
 from eyas.engine.cache.manager import KVCacheManager
 from eyas.engine.request import Request, Status
+
+HOLD_MIN_PAGES = 4  # uncached pages a waiting request must share with a prefill under way to wait for it
 
 
 class Scheduler:
@@ -127,12 +130,12 @@ class Scheduler:
         return [r for r in self.running if r.chunk_end is None or r.chunk_end > r.num_computed]
 
     def _shares_a_prefill(self, request: Request, cached: int, prefilling: list[Request]) -> bool:
-        """Whether `request` shares the page past its `cached` tokens with a prefill under way (and the token
-        after it: the cache keys a page by its tokens and the next one)."""
+        """Whether `request` shares the `HOLD_MIN_PAGES` pages past its `cached` tokens with a prefill under way
+        (and the token after them: the cache keys a page by its tokens and the next one)."""
         if self.kv.prefix_cache is None:
             return False
-        ids, end = request.all_ids, cached + self.kv.page_size + 1
-        if len(ids) <= end:  # it would compute its last page anyway
+        ids, end = request.all_ids, cached + HOLD_MIN_PAGES * self.kv.page_size + 1
+        if len(ids) <= end:  # it would compute its last pages anyway
             return False
         return any(len(other.all_ids) >= end and other.all_ids[:end] == ids[:end] and other.all_ids != ids
                    for other in prefilling)

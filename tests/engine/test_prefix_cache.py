@@ -313,3 +313,28 @@ def test_requests_arriving_together_with_one_system_prompt_compute_it_once(spec_
     # the system prompt's pages but its last, which the cache keys with the token after it (the tails differ)
     assert cached[0] == 0 and all(c == len(system) - 8 for c in cached[1:5]), cached
     assert cached[5] == cached[4]  # identical prompts are admitted together (their prefill is shared)
+
+
+def test_requests_sharing_only_a_few_pages_past_the_cache_are_admitted_together(spec_pair):
+    """Two questions starting alike after a cached system prompt share a page or two: not worth a step of
+    latency, so both are admitted at once; a longer shared prompt still holds the second back a step."""
+    target, _ = spec_pair
+    rng = random.Random(6)
+    system = [0] + [rng.randrange(2, 320) for _ in range(47)]  # 6 pages of 8: 5 cached once it has run
+    opening = [rng.randrange(2, 320) for _ in range(9)]  # + the 6th page: 2 pages and a token past the cache
+    with build_engine(engine_overrides(target, "none", "cache.page_size=8")) as eng:
+        eng.generate(prompt_token_ids=[system + [5, 6, 7]], sampling=GREEDY)
+        tails = [[rng.randrange(2, 320) for _ in range(6)] for _ in range(2)]
+        requests = eng.submit(prompt_token_ids=[system + opening + tail for tail in tails], sampling=GREEDY)
+        eng.step()
+        assert all(r.num_cached_tokens == 40 for r in requests)  # both admitted in the first step
+        while eng.has_work():
+            eng.step()
+        long_opening = [rng.randrange(2, 320) for _ in range(40)]  # 6 pages past the cache
+        requests = eng.submit(prompt_token_ids=[system + long_opening + tail for tail in tails], sampling=GREEDY)
+        eng.step()
+        assert requests[0].num_cached_tokens == 40 and requests[1].num_cached_tokens is None  # held a step
+        while eng.has_work():
+            eng.step()
+        assert requests[1].num_cached_tokens == 40 + 40  # and then found the shared pages cached
+        assert eng.scheduler.kv.all_free()
