@@ -15,7 +15,9 @@ and level:
 - prefix cache hit rate: prompt tokens the replicas found cached / prompt tokens (their `usage`);
 - the same over every level's requests together (`all`);
 - how the requests spread over the replicas (`x-eyas-replica`), how many went elsewhere than the routing
-  policy's first choice (it had no room, or did not tell Ray Serve its queue length in time), and errors.
+  policy's first choice (it had no room, or did not tell Ray Serve its queue length in time), how many the
+  prefix routing sent away from the replicas holding their prefix because those were too loaded
+  (spilled), and errors.
 
 The record (`--out`) keeps every request's times, replica and token counts besides the table.
 
@@ -38,6 +40,8 @@ from eyas.bench.serve import Server, free_port, percentile
 from eyas.bench.workloads import shared_system_prompts
 
 PASSED_OVER = "eyas_router_first_choice_passed_over_total"  # the router sent a request elsewhere than it chose
+ROUTED = "eyas_router_requests_total"  # by replica and reason; reason "balance": a prefix's holders were too loaded
+SPILLED = 'reason="balance"'
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -91,13 +95,15 @@ async def run_level(server: Server, conversations: list[list[dict]], streams: in
     return {"records": records, "wall_s": time.perf_counter() - start}
 
 
-def router_counter(server: Server, name: str) -> float:
+def router_counter(server: Server, name: str, label: str = "") -> float:
+    """A router counter from the ingress's /metrics, summed over its label sets (those containing `label`)."""
     import re
     import urllib.request
 
     with urllib.request.urlopen(server.base + "/metrics", timeout=30) as response:
         text = response.read().decode()
-    return sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, flags=re.M))
+    return sum(float(v) for labels, v in re.findall(rf"^{name}(?:{{([^}}]*)}})? (\S+)$", text, flags=re.M)
+               if label in labels)
 
 
 def summarize(load: dict) -> dict:
@@ -166,10 +172,11 @@ def main(argv: list[str] | None = None) -> None:
             loads = []
             try:
                 for streams in levels:
-                    passed_over = router_counter(server, PASSED_OVER)
+                    passed_over, spilled = router_counter(server, PASSED_OVER), router_counter(server, ROUTED, SPILLED)
                     loads.append(asyncio.run(run_level(server, workloads[streams], streams, args.max_tokens)))
                     summary = summarize(loads[-1])
                     summary["passed_over"] = int(router_counter(server, PASSED_OVER) - passed_over)
+                    summary["spilled"] = int(router_counter(server, ROUTED, SPILLED) - spilled)
                     rows.append({"streams": streams, "routing": routing, **summary})
                     requests += [{"streams": streams, "routing": routing, **r} for r in loads[-1]["records"]]
                     print(f"{routing}, {streams} streams: {summary['tok_s']:.1f} tok/s, TTFT p50 "
@@ -178,19 +185,21 @@ def main(argv: list[str] | None = None) -> None:
                 every = summarize({"records": [r for load in loads for r in load["records"]],
                                    "wall_s": sum(load["wall_s"] for load in loads)})
                 every["passed_over"] = sum(r["passed_over"] for r in rows if r["routing"] == routing)
+                every["spilled"] = sum(r["spilled"] for r in rows if r["routing"] == routing)
                 pooled.append({"streams": "all", "routing": routing, **every})
             finally:
                 server.stop()
     rows += pooled
     base = routings[-1]
     print(f"\n| streams | routing | tok/s | TTFT p50 / p90 (ms) | prefix cache hit rate | requests per replica | "
-          f"not the first choice | errors | tok/s, TTFT p50 vs {base} |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          f"not the first choice | spilled | errors | tok/s, TTFT p50 vs {base} |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         ref = next(b for b in rows if b["streams"] == r["streams"] and b["routing"] == base)
         ratio = f"{ratio_of(r['tok_s'], ref['tok_s'])}, {ratio_of(r['ttft_p50_ms'], ref['ttft_p50_ms'])}"
         print(f"| {r['streams']} | {r['routing']} | {r['tok_s']:.1f} | {r['ttft_p50_ms']:.0f} / {r['ttft_p90_ms']:.0f} | "
-              f"{r['hit_rate']:.2f} | {r['per_replica']} | {r['passed_over']} | {r['errors']}/{r['requests']} | {ratio} |")
+              f"{r['hit_rate']:.2f} | {r['per_replica']} | {r['passed_over']} | {r['spilled']} | {r['errors']}/{r['requests']} | "
+              f"{ratio} |")
     print(f"\nmean prompt: {rows[0]['prompt_tokens_mean']:.0f} tokens. Ratios were measured in this run, on this "
           f"machine; they do not transfer to other hardware.")
     write_record(args.out, "replicas", argv, [scalars(r) for r in rows], {"rows": rows, "requests": requests})
