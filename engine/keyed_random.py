@@ -41,6 +41,24 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
+def _mul32_(x: torch.Tensor, c: int) -> torch.Tensor:
+    """`_mul32` in place on `x` (a tensor the caller owns)."""
+    if c < 2**31:
+        return x.mul_(c).bitwise_and_(MASK32)
+    low = (x & 1).bitwise_left_shift_(31)
+    return x.mul_(c - 2**31).add_(low).bitwise_and_(MASK32)
+
+
+def _mix32_(x: torch.Tensor) -> torch.Tensor:
+    """`_mix32` in place on `x` (a tensor the caller owns): per-token noise hashes [R, vocab] lanes each step,
+    and a new tensor per operation cost a third more time there."""
+    x.bitwise_xor_(x >> 16)
+    _mul32_(x, _M1)
+    x.bitwise_xor_(x >> 15)
+    _mul32_(x, _M2)
+    return x.bitwise_xor_(x >> 16)
+
+
 def row_keys(words: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """words: [R, 2] seed words; positions: [R] output positions -> [R, 2] per-row keys (int64, 32-bit values)."""
     a = _mix32(words[:, 0] ^ _mix32(positions & MASK32))
@@ -50,8 +68,8 @@ def row_keys(words: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
 
 def uniforms(keys: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
     """keys: [R, 2]; token_ids: [n] or [R, n] -> [R, n] float32 uniforms in (0, 1), one per (row, token)."""
-    x = _mix32(token_ids ^ keys[:, :1])
-    return to_uniforms(_mix32(x ^ keys[:, 1:]))
+    x = _mix32_(token_ids ^ keys[:, :1])  # a new tensor, [R, n]: hashed in place
+    return to_uniforms(_mix32_(x.bitwise_xor_(keys[:, 1:])))
 
 
 def to_uniforms(bits: torch.Tensor) -> torch.Tensor:

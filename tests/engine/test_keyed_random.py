@@ -26,6 +26,15 @@ def test_mixer_equals_unbounded_integer_arithmetic():
     values = [0, 1, 2**31 - 1, 2**31, 2**32 - 1] + [rng.randrange(2**32) for _ in range(2000)]
     got = keyed_random._mix32(torch.tensor(values, dtype=torch.int64)).tolist()
     assert got == [mix32_reference(v) for v in values]
+    assert keyed_random._mix32_(torch.tensor(values, dtype=torch.int64)).tolist() == got  # the in-place one
+
+
+def test_uniforms_leave_their_inputs_alone():
+    keys = torch.tensor([[5, 2**32 - 1], [2**31, 7]], dtype=torch.int64)
+    token_ids = torch.arange(1000)
+    first = keyed_random.uniforms(keys, token_ids)
+    assert torch.equal(token_ids, torch.arange(1000)) and keys.tolist() == [[5, 2**32 - 1], [2**31, 7]]
+    assert torch.equal(keyed_random.uniforms(keys, token_ids), first)
 
 
 def test_seed_words_cover_the_whole_seed_range():
