@@ -198,8 +198,8 @@ def main(argv: list[str] | None = None) -> None:
         ref = next(b for b in rows if b["streams"] == r["streams"] and b["routing"] == base)
         ratio = f"{ratio_of(r['tok_s'], ref['tok_s'])}, {ratio_of(r['ttft_p50_ms'], ref['ttft_p50_ms'])}"
         print(f"| {r['streams']} | {r['routing']} | {r['tok_s']:.1f} | {r['ttft_p50_ms']:.0f} / {r['ttft_p90_ms']:.0f} | "
-              f"{r['hit_rate']:.2f} | {r['per_replica']} | {r['passed_over']} | {r['spilled']} | {r['errors']}/{r['requests']} | "
-              f"{ratio} |")
+              f"{r['hit_rate']:.2f} | {r['per_replica']} | {r['passed_over']} | {r['spilled']} | "
+              f"{r['errors']}/{r['requests']} | {ratio} |")
     print(f"\nmean prompt: {rows[0]['prompt_tokens_mean']:.0f} tokens. Ratios were measured in this run, on this "
           f"machine; they do not transfer to other hardware.")
     write_record(args.out, "replicas", argv, [scalars(r) for r in rows], {"rows": rows, "requests": requests})

@@ -19,9 +19,9 @@ drafter lets go of what it kept for that row.
 Requests that share at least `HOLD_MIN_PAGES` pages past what the cache holds with a prefill of this step
 wait one step (or until that prefill is done): admitted together, each would compute the shared prompt (a
 system prompt many requests bring at once); a step later they find it cached. A shorter shared span (the
-first words of two questions after a cached system prompt) is not worth a step of the request's latency. Requests behind them that share nothing with a prefill
-under way are admitted meanwhile; the held ones stay first in the queue. Identical prompts are not held
-back (their samples prefill once).
+first words of two questions after a cached system prompt) is not worth a step of the request's latency.
+Requests behind them that share nothing with a prefill under way are admitted meanwhile; the held ones stay
+first in the queue. Identical prompts are not held back (their samples prefill once).
 
 Chunked prefill: a step computes at most `max_prefill_tokens` prompt tokens. A prompt with more left
 than that takes a chunk (`request.chunk_end`) and goes on next step, before anyone new is admitted,
