@@ -265,7 +265,8 @@ class PrefixRoutingConfig:
     """replicas.routing=prefix: a request follows the replica it shares the longest prefix with."""
 
     min_match_ratio: float = 0.3  # of the request's text a replica must hold for the prefix to decide
-    max_imbalance: int = 4  # requests in flight beyond the least loaded replica's at which load wins over a prefix
+    max_imbalance: int = 4  # requests waiting for a first token over the least loaded replica: load beats prefix
+    max_load_ratio: float = 3.0  # ...or in flight, past max_imbalance over the least loaded one's and this times it
     chunk_chars: int = 64  # prefixes are matched in chunks of this many characters (bytes of UTF-8)
     max_chunks: int = 65536  # chunks remembered per replica, least recently routed forgotten first
 

@@ -320,5 +320,8 @@ def _validate_replicas(replicas: dict) -> None:
     if not isinstance(prefix["min_match_ratio"], (int, float)) or not 0 <= prefix["min_match_ratio"] <= 1:
         raise ConfigError(f"replicas.prefix.min_match_ratio must be a number in [0, 1], got {prefix['min_match_ratio']!r}")
     positive_int("prefix.max_imbalance", prefix["max_imbalance"], least=0)
+    if not isinstance(prefix["max_load_ratio"], (int, float)) or isinstance(prefix["max_load_ratio"], bool) \
+            or prefix["max_load_ratio"] < 1:
+        raise ConfigError(f"replicas.prefix.max_load_ratio must be a number >= 1, got {prefix['max_load_ratio']!r}")
     positive_int("prefix.chunk_chars", prefix["chunk_chars"], least=8)
     positive_int("prefix.max_chunks", prefix["max_chunks"])

@@ -53,7 +53,7 @@ async def final_outputs(request: Request, loop: EngineLoop, streams: list[Stream
 def sse_response(loop: EngineLoop, tokenizer: Tokenizer, streams: list[Stream], chunk, last,
                  first) -> StreamingResponse:
     """chunk(index, text, finish_reason, logprob entries, text offset) -> a chunk body; last(outputs) ->
-    the bodies after every sample finished (None: none); first: bodies sent before any token."""
+    the bodies after every sample finished (None: none); first: bodies sent before the first token's."""
     stops = streams[0].params.stop
     detokenizers = [IncrementalDetokenizer(tokenizer, stops) for _ in streams]
     # per sample: logprobs not sent yet, each event's with the text length its tokens reach; an
@@ -73,11 +73,15 @@ def sse_response(loop: EngineLoop, tokenizer: Tokenizer, streams: list[Stream], 
         return sse_data(body)
 
     async def events():
+        # sent with the first token, not before it (as vLLM does): a stream's first bytes then mean its prompt is
+        # computed, which the replicas' router counts on (a request no longer waiting for its prefill)
+        opening = [sse_data(body) for body in first or []]
         try:
-            for body in first or []:
-                yield sse_data(body)
             while len(finished) < len(streams):
                 index, event = await streams[0].events.get()
+                if opening:
+                    yield "".join(opening)
+                    opening = []
                 if isinstance(event, Finished):
                     output = event.output
                     if output.finish_reason == "error":

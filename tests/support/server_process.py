@@ -24,6 +24,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def read_reply(conn: socket.socket) -> bytes:
+    """One HTTP reply off a raw socket: its head, then as much body as its Content-Length declares (they may
+    arrive in separate segments); up to the connection's close when it declares none."""
+    reply = b""
+    while b"\r\n\r\n" not in reply:
+        part = conn.recv(4096)
+        if not part:
+            return reply
+        reply += part
+    head, _, body = reply.partition(b"\r\n\r\n")
+    declared = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+    while declared is None or len(body) < int(declared.group(1)):
+        part = conn.recv(4096)
+        if not part:
+            break
+        body += part
+    return head + b"\r\n\r\n" + body
+
+
 class ServerProcess:
     def __init__(self, *overrides: str, cwd: Path | None = None, startup_s: float = 180, as_written: bool = False):
         """On the tiny model unless `overrides` choose a model group, or `as_written` (the package's default)."""

@@ -15,6 +15,7 @@ import json
 import os
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Callable
 
@@ -26,7 +27,7 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 from ray.serve.handle import DeploymentHandle
 
 from eyas.engine.serve.protocol import RequestValidationError, error_body
-from eyas.engine.serve.replicas import router_metrics
+from eyas.engine.serve.replicas import router_metrics, routers
 from eyas.engine.serve.replicas.forwarding import ForwardedRequest, ResponseHead, answer, routing_text
 from eyas.engine.serve.replicas.metrics_board import MetricsBoard, merge_expositions
 from eyas.engine.serve.request_parsing import read_body
@@ -146,11 +147,13 @@ class EyasIngress:
             return error_response(e.message, e.status, e.code)
         forwarded = ForwardedRequest(request.method, request.url.path, request.url.query.encode(),
                                      list(request.scope["headers"]), body,
-                                     routing_text(request.url.path, body) if request.method == "POST" else "")
+                                     routing_text(request.url.path, body) if request.method == "POST" else "",
+                                     uuid.uuid4().hex)
         for attempt in range(self.settings.retries + 1):
             parts = self.replicas.remote(forwarded)
             try:
                 head = await self.first_part(parts, request)
+                routers.answering(forwarded.key)
                 break
             except REPLICA_GONE as e:
                 parts.cancel()

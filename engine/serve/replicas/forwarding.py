@@ -21,6 +21,7 @@ class ForwardedRequest:
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
     body: bytes = b""
     routing_text: str = ""  # what the prefix router matches: the prompt, or the chat's messages
+    key: str = ""  # names the request to the ingress's routers (`routers.answering`)
 
 
 @dataclass

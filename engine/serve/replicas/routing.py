@@ -1,16 +1,23 @@
 """Routing policies of the replicated server: which replica a request goes to, as ranks of replica ids.
 
-Each policy sees the request's routing text and the replicas' loads (requests in flight) and returns ranks:
-the router sends the request to the least loaded replica of the first rank that has room, else of the next
-(Ray Serve's `RequestRouter` contract). No Ray here: `ray_router` adapts a policy to Ray Serve.
+Each policy sees the request's routing text and the replicas' loads (requests in flight, and of those the
+ones waiting for their answer to start) and returns ranks: the router sends the request to the least loaded
+replica of the first rank that has room, else of the next (Ray Serve's `RequestRouter` contract). No Ray
+here: `ray_router` adapts a policy to Ray Serve.
 
-- `prefix`: of the replicas within `max_imbalance` requests in flight of the least loaded one, those that were
-  sent the longest prefix of this text (or nearly as long: `NEAR_MATCH` of it) take it in turn, when the
-  match covers at least `min_match_ratio` of the text; otherwise the replicas within the bound take it in
-  turn. A replica's KV cache keeps target and draft KV together, so a hit also keeps speculation warm. Turns,
-  not the least loaded one, among equals: requests that a step ends together come back together, and the
-  least loaded replica would take them all and prefill them in one step again (measured: time to first token
-  grows with the requests a replica admits at once, more than with a load difference within the bound).
+- `prefix`: of the replicas within the load bound (`within_bound`), those that were sent the longest prefix
+  of this text (or nearly as long: `NEAR_MATCH` of it) take it in turn, when the match covers at least
+  `min_match_ratio` of the text; otherwise the replicas within the bound take it in turn. A replica's KV
+  cache keeps target and draft KV together, so a hit also keeps speculation warm. Turns, not the least
+  loaded one, among equals: requests that a step ends together come back together, and the least loaded
+  replica would take them all and prefill them in one step again (measured: time to first token grows with
+  the requests a replica admits at once, more than with a load difference within the bound).
+  The bound is on waiting requests (routed, no answer started yet) first: a new request's first token waits
+  for the prefills queued ahead of it, and hardly for the requests decoding there (measured: ~10 ms more per
+  request in flight, against 1-2 s for a request whose prompt the replica must prefill whole, which also
+  stalls every request admitted in that step). Requests in flight bound it only past `max_load_ratio` times
+  the least loaded replica's, where that one would idle (7 streams on one replica, none on the other):
+  counted in flight alone, a replica whose batch is about to end looks loaded.
 - `power_of_two`: the less loaded of two replicas drawn at random.
 - `round_robin`: each replica in turn.
 """
@@ -38,17 +45,19 @@ class Decision:
 
 
 class Policy:
-    """Counts requests in flight per replica: a request counts on its first choice from the moment it is
-    ranked (a burst of requests ranked before any lands sees the ones before it), moves if it lands on another
-    replica (`routed`), and stops counting when it completes. Subclasses rank (`choose`)."""
+    """Counts requests per replica, in flight and waiting (no answer started): a request counts on its first
+    choice from the moment it is ranked (a burst of requests ranked before any lands sees the ones before it),
+    moves if it lands on another replica (`routed`), stops waiting when its answer starts (`answering`) and
+    stops counting when it completes. Subclasses rank (`choose`)."""
 
     def __init__(self, seed: int | None = None):
         self.inflight: dict[str, int] = {}
+        self.waiting: dict[str, int] = {}
         self.random = random.Random(seed)
 
     def rank(self, text: str, replicas: list[str]) -> Decision:
         decision = self.choose(text, replicas)
-        self.inflight[decision.first] = self.inflight.get(decision.first, 0) + 1
+        self._count(decision.first, +1, waiting=True)
         return decision
 
     def choose(self, text: str, replicas: list[str]) -> Decision:
@@ -57,18 +66,35 @@ class Policy:
     def routed(self, text: str, replica: str, decision: Decision) -> None:
         """The request `decision` ranked landed on `replica`."""
         if replica != decision.first:
-            self.completed(decision.first)
-            self.inflight[replica] = self.inflight.get(replica, 0) + 1
+            self._count(decision.first, -1, waiting=True)
+            self._count(replica, +1, waiting=True)
 
-    def completed(self, replica: str) -> None:
-        if self.inflight.get(replica, 0) > 0:
-            self.inflight[replica] -= 1
+    def landed(self, replica: str) -> None:
+        """A request this policy did not rank landed on `replica`."""
+        self._count(replica, +1, waiting=True)
+
+    def answering(self, replica: str) -> None:
+        """A request on `replica` started answering (its first token, or all of a plain answer)."""
+        self._count(replica, -1, inflight=False, waiting=True)
+
+    def completed(self, replica: str, answered: bool = False) -> None:
+        """A request on `replica` completed; `answered`: its `answering` was counted."""
+        self._count(replica, -1, waiting=not answered)
+
+    def _count(self, replica: str, step: int, inflight: bool = True, waiting: bool = False) -> None:
+        for counts, on in ((self.inflight, inflight), (self.waiting, waiting)):
+            if on:
+                counts[replica] = max(0, counts.get(replica, 0) + step)
 
     def forget(self, replica: str) -> None:
         self.inflight.pop(replica, None)
+        self.waiting.pop(replica, None)
 
     def load(self, replica: str) -> int:
         return self.inflight.get(replica, 0)
+
+    def queue(self, replica: str) -> int:
+        return self.waiting.get(replica, 0)
 
     def by_load(self, replicas: list[str]) -> list[str]:
         shuffled = self.random.sample(replicas, len(replicas))  # equals in random order
@@ -81,10 +107,10 @@ class Policy:
 
 
 class PrefixPolicy(Policy):
-    def __init__(self, min_match_ratio: float = 0.3, max_imbalance: int = 4, chunk_chars: int = 64,
-                 max_chunks: int = 65536, seed: int | None = None):
+    def __init__(self, min_match_ratio: float = 0.3, max_imbalance: int = 4, max_load_ratio: float = 3.0,
+                 chunk_chars: int = 64, max_chunks: int = 65536, seed: int | None = None):
         super().__init__(seed)
-        self.min_match_ratio, self.max_imbalance = min_match_ratio, max_imbalance
+        self.min_match_ratio, self.max_imbalance, self.max_load_ratio = min_match_ratio, max_imbalance, max_load_ratio
         self.index = PrefixIndex(chunk_chars, max_chunks)
         self.turns: dict[str, int] = {}  # replica -> when it was last chosen (a count of decisions)
         self.decisions = 0
@@ -92,9 +118,8 @@ class PrefixPolicy(Policy):
     def choose(self, text: str, replicas: list[str]) -> Decision:
         keys = self.index.keys(text)
         matched = self.index.matched_chars(keys)
-        least = min(self.load(r) for r in replicas)
         in_turn = sorted(self.by_load(replicas), key=lambda r: self.turns.get(r, -1))  # least recently chosen first
-        within = [r for r in in_turn if self.load(r) - least <= self.max_imbalance]
+        within = self.within_bound(in_turn)
         enough = max(1, self.min_match_ratio * len(text.encode()))
         best = max((matched.get(r, 0) for r in within), default=0)
         if best >= enough:
@@ -109,6 +134,15 @@ class PrefixPolicy(Policy):
         # this one lands, follows it
         self.index.insert(chosen, keys)
         return Decision(self.then_the_rest(chosen, self.by_load(replicas)), reason, matched.get(chosen, 0))
+
+    def within_bound(self, replicas: list[str]) -> list[str]:
+        """Those not too loaded: waiting requests within `max_imbalance` of the fewest, and requests in flight
+        within `max_imbalance` of the fewest or `max_load_ratio` times them; when none is both, the first."""
+        least_waiting = min(self.queue(r) for r in replicas)
+        least = min(self.load(r) for r in replicas)
+        short_queue = [r for r in replicas if self.queue(r) - least_waiting <= self.max_imbalance]
+        return [r for r in short_queue if self.load(r) - least <= self.max_imbalance
+                or self.load(r) <= self.max_load_ratio * least] or short_queue
 
     def routed(self, text: str, replica: str, decision: Decision) -> None:
         super().routed(text, replica, decision)

@@ -11,7 +11,7 @@ import socket
 import pytest
 from openai import OpenAI
 from support import build_engine
-from support.server_process import ServerProcess
+from support.server_process import ServerProcess, read_reply
 
 from eyas import SamplingParams
 
@@ -53,7 +53,7 @@ def test_a_shared_prefix_is_reused_and_reported_with_the_offline_engines_text(se
 def _raw(server, head: bytes, body: bytes = b"", read_after: float = 10) -> bytes:
     with socket.create_connection(("127.0.0.1", server.port), timeout=read_after) as conn:
         conn.sendall(head + body)
-        return conn.recv(4096)
+        return read_reply(conn)
 
 
 def test_bodies_over_the_limit_are_refused_before_they_are_read_and_block_nobody(server, client):
@@ -64,7 +64,7 @@ def test_bodies_over_the_limit_are_refused_before_they_are_read_and_block_nobody
         # the upload stalls, unfinished: another client is served meanwhile
         small = client.completions.create(model=MODEL, prompt="def f():", max_tokens=8, temperature=0)
         assert small.choices[0].finish_reason in ("stop", "length")
-        reply = upload.recv(4096)
+        reply = read_reply(upload)
     assert reply.startswith(b"HTTP/1.1 413") and b"server.max_body_bytes" in reply
     # no declared length (chunked): refused once the limit is passed
     chunk = b"x" * (1 << 20)

@@ -18,7 +18,7 @@ import openai
 import pytest
 from openai import OpenAI
 from support import build_engine
-from support.server_process import SERVED_PROMPTS, ServerProcess, free_port
+from support.server_process import SERVED_PROMPTS, ServerProcess, free_port, read_reply
 
 from eyas import SamplingParams
 
@@ -84,7 +84,7 @@ def test_errors_are_the_single_servers(deployment):
     with socket.create_connection(("127.0.0.1", server.port), timeout=60) as upload:  # declared, not sent
         upload.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                        + f"Content-Length: {9 << 20}\r\n\r\n".encode() + b'{"model": "target", "prompt": "')
-        reply = upload.recv(4096)
+        reply = read_reply(upload)
     assert reply.startswith(b"HTTP/1.1 413") and b"server.max_body_bytes" in reply
     assert client.models.list().data[0].id == MODEL
 
@@ -104,6 +104,31 @@ def test_requests_sharing_a_long_prefix_land_on_the_replica_that_holds_it(deploy
         homes.append(landed[0])
     assert homes[0] != homes[1]  # a new prefix goes to the replica holding fewer
     assert 'reason="prefix"' in server.get("/metrics")[1]
+
+
+def router_gauge(server: ServerProcess, name: str) -> float:
+    """The ingress router's count, summed over replicas."""
+    text = server.get("/metrics")[1]
+    return sum(float(v) for v in re.findall(rf'^{name}\{{replica="\w+"\}} (\S+)$', text, flags=re.M))
+
+
+def test_a_stream_answering_stays_in_flight_at_the_router_but_no_longer_waits(deployment):
+    """Prefix routing bounds the requests waiting for a first token: the ingress tells the router when one
+    starts answering."""
+    server, client = deployment
+    stream = client.completions.create(model=MODEL, prompt=PREFIXES[1] + "def long_one(z):", max_tokens=1500,
+                                       temperature=0, stream=True, extra_body={"ignore_eos": True})
+    chunks = iter(stream)
+    next(chunks)  # its first token reached the client
+    counts = (router_gauge(server, "eyas_router_requests_in_flight"),
+              router_gauge(server, "eyas_router_requests_waiting"))
+    assert sum(1 for _ in chunks) > 100  # it was still answering when the router's counts were read
+    assert counts == (1, 0)
+    deadline = time.monotonic() + 30  # Ray Serve reports the completion a moment after the last part
+    while router_gauge(server, "eyas_router_requests_in_flight") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert (router_gauge(server, "eyas_router_requests_in_flight"),
+            router_gauge(server, "eyas_router_requests_waiting")) == (0, 0)
 
 
 def test_a_bounded_soak_completes_or_refuses_every_request(deployment, offline):

@@ -1,6 +1,8 @@
-"""The server's parts in process: the incremental detokenizer and the engine loop's failure handling."""
+"""The server's parts in process: the incremental detokenizer, the engine loop's failure handling and when a
+stream's first bytes go out."""
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 from support import build_engine
@@ -8,7 +10,8 @@ from support.engines import PLAIN
 
 from eyas import SamplingParams
 from eyas.engine.serve.detokenizer import IncrementalDetokenizer
-from eyas.engine.serve.loop import EngineLoop, Finished, Stream
+from eyas.engine.serve.loop import EngineLoop, Finished, Stream, Tokens
+from eyas.engine.serve.streaming import sse_response
 
 
 @pytest.fixture(scope="module")
@@ -72,3 +75,23 @@ def test_a_failing_engine_step_ends_its_requests_and_the_loop_goes_on(gqa_checkp
     finally:
         loop.stop()
     assert engine.scheduler.kv.all_free()
+
+
+def test_a_streams_opening_chunks_go_out_with_its_first_token_not_before(shipped_tokenizer):
+    """A chat stream's role chunk waits for the first token (as vLLM sends it): a replicated server's ingress
+    reads a stream's first bytes as its prompt computed."""
+    async def main():
+        stream = Stream([1], SamplingParams(max_new_tokens=4))
+        response = sse_response(SimpleNamespace(abort=lambda s: None), shipped_tokenizer, [stream],
+                                lambda index, text, reason, entries, offset: {"text": text}, None,
+                                first=[{"role": "assistant"}])
+        body = response.body_iterator
+        opening = asyncio.ensure_future(body.__anext__())
+        await asyncio.sleep(0.1)
+        assert not opening.done()  # nothing goes out while the prompt is computed
+        stream.events.put_nowait((0, Tokens(shipped_tokenizer.encode(" hello"))))
+        assert await asyncio.wait_for(opening, 5) == 'data: {"role": "assistant"}\n\n'
+        assert await asyncio.wait_for(body.__anext__(), 5) == 'data: {"text": " hello"}\n\n'
+        await body.aclose()
+
+    asyncio.run(main())

@@ -5,6 +5,7 @@ import asyncio
 from types import SimpleNamespace
 
 from eyas.engine.serve.replicas.forwarding import ForwardedRequest
+from eyas.engine.serve.replicas import routers
 from eyas.engine.serve.replicas.ray_router import EyasRequestRouter
 
 SYSTEM = "You are a careful assistant for a bakery. " * 20
@@ -14,9 +15,9 @@ def replica(name: str):
     return SimpleNamespace(replica_id=SimpleNamespace(unique_id=name))
 
 
-def pending(request_id: str, text: str):
-    return SimpleNamespace(args=[ForwardedRequest("POST", "/v1/completions", routing_text=text)], kwargs={},
-                           metadata=SimpleNamespace(internal_request_id=request_id))
+def pending(request_id: str, text: str, key: str = ""):
+    return SimpleNamespace(args=[ForwardedRequest("POST", "/v1/completions", routing_text=text, key=key)],
+                           kwargs={}, metadata=SimpleNamespace(internal_request_id=request_id))
 
 
 def router(routing: str) -> EyasRequestRouter:
@@ -60,3 +61,21 @@ def test_ranks_keep_only_the_replicas_offered():
     other = [r for r in (replica("a"), replica("b")) if r.replica_id.unique_id != home.replica_id.unique_id]
     assert choose(made, other, pending("r2", SYSTEM)) == [other]  # its home not offered (full, or gone)
     assert choose(made, [], pending("r3", SYSTEM)) == []
+
+
+def test_a_request_stops_waiting_when_the_ingress_has_its_first_part_and_counts_once():
+    made, candidates = router("prefix"), [replica("a"), replica("b")]
+    requests = [pending(f"r{i}", SYSTEM + f"Q: {i}", key=f"k{i}") for i in range(3)]
+    for request in requests:
+        home = choose(made, candidates, request)[0][0]
+        made.on_request_routed(request, home.replica_id, None)
+    name = home.replica_id.unique_id
+    assert (made.policy.load(name), made.policy.queue(name)) == (3, 3)
+    routers.answering("k0")  # what the ingress calls, for every router of its process
+    routers.answering("k0")  # once per request however often it is told
+    routers.answering("unknown")
+    assert (made.policy.load(name), made.policy.queue(name)) == (3, 2)
+    made.on_request_completed(home.replica_id, "r0")  # answered: no longer waiting already
+    made.on_request_completed(home.replica_id, "r1")  # never answered (an error before its first part)
+    assert (made.policy.load(name), made.policy.queue(name)) == (1, 1)
+    assert made.decisions.keys() == {"r2"} and made.request_ids == {"k2": "r2"}

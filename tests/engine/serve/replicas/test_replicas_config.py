@@ -18,6 +18,7 @@ INVALID = [
     (["replicas.address=' '"], "replicas.address must be null"),
     (["replicas.prefix.min_match_ratio=1.5"], "replicas.prefix.min_match_ratio must be a number in [0, 1]"),
     (["replicas.prefix.max_imbalance=-1"], "replicas.prefix.max_imbalance must be an integer >= 0"),
+    (["replicas.prefix.max_load_ratio=0.5"], "replicas.prefix.max_load_ratio must be a number >= 1"),
     (["replicas.prefix.chunk_chars=2"], "replicas.prefix.chunk_chars must be an integer >= 8"),
 ]
 

@@ -57,6 +57,31 @@ def test_a_prefix_is_followed_only_while_its_replica_is_within_max_imbalance():
     assert (then, then_decision.reason) == (spill, "prefix")  # and the prefix is now held there too
 
 
+def test_requests_waiting_for_a_first_token_bound_a_prefix_and_requests_in_flight_only_past_a_ratio():
+    """A replica whose batch is decoding takes new requests in its next step; a queue of prefills is what a new
+    request waits behind. Requests in flight bound it too, past `max_load_ratio` of the least loaded's."""
+    policy = PrefixPolicy(max_imbalance=2, max_load_ratio=1.5, seed=0)
+    home, _ = route(policy, SYSTEM_A + "Q: 0", ["r0", "r1"])
+    other = next(r for r in ["r0", "r1"] if r != home)
+    policy.inflight, policy.waiting = {home: 9, other: 8}, {home: 0, other: 0}  # up to 12: 1.5 times, within
+    waiting = [route(policy, SYSTEM_A + f"Q: w{i}", ["r0", "r1"])[0] for i in range(4)]
+    assert waiting[:3] == [home] * 3 and waiting[3] == other  # 3 waiting over 0: load wins
+    assert (policy.load(home), policy.queue(home)) == (12, 3)
+    policy.answering(home)
+    policy.completed(home, answered=True)
+    policy.completed(home, answered=False)
+    assert (policy.load(home), policy.queue(home)) == (10, 1)
+
+    policy = PrefixPolicy(max_imbalance=2, max_load_ratio=1.5, seed=0)
+    home, _ = route(policy, SYSTEM_A + "Q: 0", ["r0", "r1"])
+    other = next(r for r in ["r0", "r1"] if r != home)
+    policy.inflight, policy.waiting = {home: 7, other: 4}, {}  # 3 more, 1.75 times: too loaded
+    assert route(policy, SYSTEM_A + "Q: 1", ["r0", "r1"])[1].reason == "balance"
+    # the least loaded in flight has a queue: the replicas with a short queue are within
+    policy.inflight, policy.waiting = {home: 30, other: 5}, {home: 0, other: 6}
+    assert route(policy, SYSTEM_A + "Q: 2", ["r0", "r1"])[0] == home
+
+
 def test_a_short_match_does_not_decide():
     policy = PrefixPolicy(min_match_ratio=0.5, chunk_chars=16, seed=0)
     home, _ = route(policy, "x" * 64 + "a" * 16)
