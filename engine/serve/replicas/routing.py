@@ -6,12 +6,14 @@ replica of the first rank that has room, else of the next (Ray Serve's `RequestR
 here: `ray_router` adapts a policy to Ray Serve.
 
 - `prefix`: of the replicas within the load bound (`within_bound`), those that were sent the longest prefix
-  of this text (or nearly as long: `NEAR_MATCH` of it) take it in turn, when the match covers at least
-  `min_match_ratio` of the text; otherwise the replicas within the bound take it in turn. A replica's KV
-  cache keeps target and draft KV together, so a hit also keeps speculation warm. Turns, not the least
-  loaded one, among equals: requests that a step ends together come back together, and the least loaded
-  replica would take them all and prefill them in one step again (measured: time to first token grows with
-  the requests a replica admits at once, more than with a load difference within the bound).
+  of this text (or nearly as long: `NEAR_MATCH` of it) hold it, when the match covers at least
+  `min_match_ratio` of the text: the one first sent it (its owner) takes it, else they take it in turn;
+  with no such match the replicas within the bound take it in turn. A replica's KV cache keeps target and
+  draft KV together, so a hit also keeps speculation warm. The owner rather than turns among holders: a
+  request the bound sent elsewhere leaves a copy of its prompt there, and taking turns would keep both
+  copies warm, each crowding its replica's cache (README, Replicas on Ray Serve). Turns, not the least
+  loaded one, where no owner decides: requests that a step ends together come back together, and the least
+  loaded replica would take them all and prefill them in one step again.
   The bound is on waiting requests (routed, no answer started yet) first: a new request's first token waits
   for the prefills queued ahead of it, and hardly for the requests decoding there (measured: ~10 ms more per
   request in flight, against 1-2 s for a request whose prompt the replica must prefill whole, which also
@@ -23,6 +25,7 @@ here: `ray_router` adapts a policy to Ray Serve.
 """
 
 import random
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from eyas.engine.serve.replicas.prefix_index import PrefixIndex
@@ -113,6 +116,9 @@ class PrefixPolicy(Policy):
         self.min_match_ratio, self.max_imbalance, self.max_load_ratio = min_match_ratio, max_imbalance, max_load_ratio
         self.index = PrefixIndex(chunk_chars, max_chunks)
         self.turns: dict[str, int] = {}  # replica -> when it was last chosen (a count of decisions)
+        # chunk key -> the replica first sent it: of the replicas holding a prefix, its owner takes it, so that
+        # the copy a spill made elsewhere goes cold there instead of crowding both caches
+        self.owners: OrderedDict[bytes, str] = OrderedDict()
         self.decisions = 0
 
     def choose(self, text: str, replicas: list[str]) -> Decision:
@@ -123,7 +129,9 @@ class PrefixPolicy(Policy):
         enough = max(1, self.min_match_ratio * len(text.encode()))
         best = max((matched.get(r, 0) for r in within), default=0)
         if best >= enough:
-            chosen = next(r for r in within if matched.get(r, 0) >= NEAR_MATCH * best)
+            holders = [r for r in within if matched.get(r, 0) >= NEAR_MATCH * best]
+            owner = self.owners.get(keys[min(matched[r] for r in holders) // self.index.chunk_chars - 1])
+            chosen = owner if owner in holders else holders[0]
             reason = "prefix"
         else:
             chosen = within[0]
@@ -133,7 +141,16 @@ class PrefixPolicy(Policy):
         # recorded now, not when the replica accepts it: the next request with this prefix, routed before
         # this one lands, follows it
         self.index.insert(chosen, keys)
+        self.own(chosen, keys)
         return Decision(self.then_the_rest(chosen, self.by_load(replicas)), reason, matched.get(chosen, 0))
+
+    def own(self, replica: str, keys: list[bytes]) -> None:
+        """The first replica sent a chunk owns it until the index forgets it there (or the replica goes)."""
+        for key in keys:
+            if self.owners.setdefault(key, replica) == replica:
+                self.owners.move_to_end(key)
+        while len(self.owners) > self.index.max_chunks:
+            self.owners.popitem(last=False)
 
     def within_bound(self, replicas: list[str]) -> list[str]:
         """Those not too loaded: waiting requests within `max_imbalance` of the fewest, and requests in flight
@@ -153,6 +170,8 @@ class PrefixPolicy(Policy):
         super().forget(replica)
         self.index.remove(replica)
         self.turns.pop(replica, None)
+        for key in [k for k, owner in self.owners.items() if owner == replica]:
+            del self.owners[key]
 
 
 class PowerOfTwoPolicy(Policy):

@@ -134,16 +134,31 @@ def test_a_burst_ranked_before_any_request_lands_is_still_load_bounded():
     assert set(firsts[3:]) == {"r0", "r1"}  # then both hold it and take it in turn
 
 
-def test_replicas_holding_a_prefix_equally_take_it_in_turn_whatever_their_loads_within_the_bound():
-    """Requests that one step ends together come back together: the least loaded replica would take them all."""
+def test_of_the_replicas_holding_a_prefix_the_one_first_sent_it_takes_it_within_the_bound():
+    """A spill leaves a prompt's copy on a second replica: its requests go back to the first one once that is
+    within the bound again, so the copy goes cold instead of crowding both replicas' caches."""
+    policy = PrefixPolicy(max_imbalance=2, seed=0)
+    home, _ = route(policy, SYSTEM_A + "Q: earlier", ["r0", "r1"])
+    policy.answering(home)
+    other = next(r for r in ["r0", "r1"] if r != home)
+    policy.inflight = {home: 6, other: 3}  # more in flight at home, within max_load_ratio
+    firsts = [policy.rank(SYSTEM_A + f"Q: {i}", ["r0", "r1"]).first for i in range(4)]
+    assert firsts == [home] * 3 + [other]  # the bound on waiting requests spilled the fourth
+    assert policy.index.matched_chars(policy.index.keys(SYSTEM_A))[other] > 0  # which holds the prompt now too
+    for _ in range(3):
+        policy.answering(home)
+    after = [policy.rank(SYSTEM_A + f"Q: after {i}", ["r0", "r1"]).first for i in range(2)]
+    assert after == [home, home]  # back to its owner, not in turn
+    policy.forget(home)  # gone: its prompts are owned by nobody, and the other replica takes them
+    assert policy.rank(SYSTEM_A + "Q: last", [other]).first == other
+    assert policy.owners[policy.index.keys(SYSTEM_A)[0]] == other
+
+
+def test_a_longer_match_wins_over_the_owner_of_a_shorter_one():
     policy = PrefixPolicy(max_imbalance=4, seed=0)
-    for replica in ("r0", "r1"):  # both hold the system prompt
-        policy.index.insert(replica, policy.index.keys(SYSTEM_A + "Q: earlier"))
-    policy.inflight = {"r0": 6, "r1": 3}
-    firsts = [route(policy, SYSTEM_A + f"Q: {i}", ["r0", "r1"])[0] for i in range(4)]
-    assert firsts in (["r0", "r1"] * 2, ["r1", "r0"] * 2)
+    route(policy, SYSTEM_A + "Q: earlier", ["r0"])  # r0 owns the system prompt
     # a request sharing only the system prompt with where it goes, while the other replica held its whole
     # conversation: the longer match wins
     conversation = SYSTEM_A + "Q: earlier" + " A: a long answer about bread and its baking" * 8
-    policy.index.insert("r0", policy.index.keys(conversation))
-    assert [route(policy, conversation + f" Q: more {i}", ["r0", "r1"])[0] for i in range(2)] == ["r0", "r0"]
+    policy.index.insert("r1", policy.index.keys(conversation))
+    assert [route(policy, conversation + f" Q: more {i}", ["r0", "r1"])[0] for i in range(2)] == ["r1", "r1"]
