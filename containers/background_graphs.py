@@ -22,15 +22,16 @@ log = logging.getLogger("eyas.graphs")
 
 
 def background_graphs(settings: GraphSettings, container, config: Config, max_batch_size: int,
-                      batch_invariant: bool) -> BackgroundGraphs | None:
+                      batch_invariant: bool, graphs_per_query: bool) -> BackgroundGraphs | None:
     """None unless the graphs come in the background (`GraphSettings.background`), and for a target whose eager
-    attention is batch-invariant (quantized activations, half precision): graphs attend batched, which rounds
-    differently and would change its tokens at the swap, so it stays eager."""
+    attention is batch-invariant (quantized activations, half precision) where graphs attend batched
+    (`graphs_per_query` false: not float32 on a CPU): that rounds differently and would change its tokens at
+    the swap, so it stays eager."""
     if not settings.background:
         return None
-    if batch_invariant:
+    if batch_invariant and not graphs_per_query:
         log.warning("graphs.mode=auto: running eager: the target attends batch-invariant (attention.batch_invariant, "
-                    "on for quantized activations and half precision), which graphs do not")
+                    "on for quantized activations and half precision), which graphs do only in float32 on a CPU")
         return None
     return BackgroundGraphs(install=partial(install_runners, container, config.speculative.algorithm, max_batch_size),
                             start_compiler=partial(start_compiler, config))

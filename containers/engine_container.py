@@ -44,7 +44,7 @@ class EngineContainer(containers.DeclarativeContainer):
     batch_invariant = providers.Callable(
         factories.batch_invariant_attention, config.provided.attention.batch_invariant,
         config.provided.attention.backend, models.quantization, config.provided.graphs.mode,
-        providers.Callable(factories.model_dtype_of, models.target_model))
+        providers.Callable(factories.model_dtype_of, models.target_model), models.device)
     # attention backends by name; each call builds a fresh backend (backends hold per-batch metadata)
     target_attention_backend = providers.Factory(
         factories.attention_backend, providers.Object(BACKENDS), config.provided.attention.backend,
@@ -58,7 +58,7 @@ class EngineContainer(containers.DeclarativeContainer):
         SpeculativeContainer, config=config, device=models.device, target_model=models.target_model,
         num_pages=cache.num_pages, req_to_token=req_to_token, verify_backend=target_attention_backend,
         sampler=sampler, graph_settings=graph_settings, target_pool=cache.target_pool,
-        target_checkpoint=models.checkpoint,
+        target_checkpoint=models.checkpoint, batch_invariant=batch_invariant,
     )
     # the target captures the layers the draft head reads, told when it is built
     target_runner = Singleton(
@@ -135,8 +135,9 @@ class EngineContainer(containers.DeclarativeContainer):
         RequestBuilder, tokenizer=models.tokenizer, default_sampling=default_sampling, seed=config.provided.seed,
         vocab_size=providers.Callable(factories.vocab_size, models.target_model), grammars=grammars,
     )
-    graphs_in_background = Singleton(background_graphs, graph_settings, __self__, config,
-                                     config.provided.cache.max_running_requests, batch_invariant)
+    graphs_in_background = Singleton(
+        background_graphs, graph_settings, __self__, config, config.provided.cache.max_running_requests,
+        batch_invariant, providers.Callable(factories.graphs_attend_per_query, models.target_model, models.device))
     engine = Singleton(
         Engine, tokenizer=models.tokenizer, scheduler=scheduler, worker=worker, stop_checker=stop_checker,
         requests=request_builder, device=models.device,

@@ -10,6 +10,7 @@ from eyas.engine.cache.prefix_cache import PrefixCache
 from eyas.engine.config.schema import AdaptiveConfig, GraphsConfig, SpeculativeConfig
 from eyas.engine.config.validation import lookups_in_use
 from eyas.engine.errors import ConfigError
+from eyas.engine.graphs.graph_attention import attends_per_query
 from eyas.engine.graphs.graph_runner import GraphRunner
 from eyas.engine.graphs.settings import GraphSettings, graph_settings
 from eyas.engine.models.checkpoint_source import gguf_source
@@ -184,13 +185,20 @@ def model_quantization(scheme: str, checkpoint: Path, device: torch.device) -> s
 
 
 def batch_invariant_attention(setting: bool | None, backend: str, quantization: str, graph_mode: str,
-                              dtype: torch.dtype = torch.float32) -> bool:
+                              dtype: torch.dtype = torch.float32, device: torch.device = torch.device("cpu")) -> bool:
     """`attention.batch_invariant`, resolved: null is on for a quantized or half-precision target, whose
     GEMMs are row-invariant but whose rounding of activations turns the last bit of a batched attention
-    into a different token on near ties (gguf_f32's GEMM keeps float32 activations: off, as for float32)."""
+    into a different token on near ties (gguf_f32's GEMM keeps float32 activations: off, as for float32).
+    Graphs keep it where they attend one query at a time (`attends_per_query`: float32 on a CPU); elsewhere
+    they attend batched, so null is off under graphs.mode=compile or aot, and true is refused there."""
+    per_query = attends_per_query(device, dtype)
     if setting is None:
         reduced = quantization not in ("none", "gguf_f32") or dtype in (torch.bfloat16, torch.float16)
-        return reduced and backend == "torch_native" and graph_mode in ("eager", "auto")  # auto: starts eager
+        return reduced and backend == "torch_native" and (per_query or graph_mode in ("eager", "auto"))  # auto: starts eager
+    if setting and graph_mode in ("compile", "aot") and not per_query:
+        raise ConfigError(f"attention.batch_invariant=true: graphs.mode={graph_mode} attends batched on a {dtype} target "
+                          f"on {torch.device(device).type} (graphs attend one query at a time only in float32 on a CPU); "
+                          f"set graphs.mode=eager or auto, or attention.batch_invariant=false")
     return setting
 
 
@@ -198,6 +206,11 @@ def exact_logprobs(setting: bool | None, backend: str) -> bool:
     """`attention.exact_logprobs`, resolved: null is on with the torch_native backend (the one that
     attends a query on its own)."""
     return backend == "torch_native" if setting is None else setting
+
+
+def graphs_attend_per_query(model, device: torch.device) -> bool:
+    """Whether graphs attend the target's pool one query at a time (`attends_per_query`)."""
+    return attends_per_query(device, model_dtype_of(model))
 
 
 def model_dtype_of(model) -> torch.dtype:
@@ -214,18 +227,20 @@ def graph_settings_for(graphs: GraphsConfig, device: torch.device) -> GraphSetti
 
 
 def graph_runner(settings: GraphSettings, model, kv_pool: PagedKVPool, req_to_token: torch.Tensor, phase: str,
-                 capture_layers: tuple[int, ...] = (), max_width: int | None = None) -> GraphRunner | None:
+                 capture_layers: tuple[int, ...] = (), max_width: int | None = None,
+                 chains_only: bool = False) -> GraphRunner | None:
     """A runner of `phase`'s forwards as graphs; None when graphs are off or come later, in the background
     (the phase runs eager)."""
     if not settings.enabled or settings.background:
         return None
-    return GraphRunner(model, kv_pool, req_to_token, settings, phase, capture_layers, max_width)
+    return GraphRunner(model, kv_pool, req_to_token, settings, phase, capture_layers, max_width, chains_only)
 
 
 def background_runner(settings: GraphSettings, model, kv_pool: PagedKVPool, req_to_token: torch.Tensor, phase: str,
-                      capture_layers: tuple[int, ...] = (), max_width: int | None = None) -> GraphRunner:
+                      capture_layers: tuple[int, ...] = (), max_width: int | None = None,
+                      chains_only: bool = False) -> GraphRunner:
     """A runner of `phase`'s forwards that loads the packages a background process compiled."""
-    return GraphRunner(model, kv_pool, req_to_token, settings, phase, capture_layers, max_width)
+    return GraphRunner(model, kv_pool, req_to_token, settings, phase, capture_layers, max_width, chains_only)
 
 
 def warms_graphs(settings: GraphSettings, warmup: bool) -> bool:

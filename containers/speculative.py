@@ -28,6 +28,7 @@ class SpeculativeContainer(containers.DeclarativeContainer):
     sampler = providers.Dependency()
     graph_settings = providers.Dependency()
     target_pool = providers.Dependency()
+    batch_invariant = providers.Dependency(instance_of=bool)  # the target attends batch-invariant: trees verify eager
     target_checkpoint = providers.Dependency()  # the target's Hugging Face directory
 
     # the candidate a runtime state is built for; adaptive speculation overrides it in a scope
@@ -98,6 +99,7 @@ class SpeculativeContainer(containers.DeclarativeContainer):
     # the target's verify forwards as graphs (None: eager)
     verify_graph = providers.Factory(
         factories.graph_runner, graph_settings, target_model, target_pool, req_to_token, "verify", capture_layers,
+        chains_only=batch_invariant,
     )
     # the draft model's step forwards as graphs (None: eager, or no draft model)
     draft_graph = providers.Selector(
@@ -109,6 +111,7 @@ class SpeculativeContainer(containers.DeclarativeContainer):
     # graphs.mode=auto: the runners swapped in once a background process has compiled their packages
     verify_graph_later = providers.Factory(
         factories.background_runner, graph_settings, target_model, target_pool, req_to_token, "verify", capture_layers,
+        chains_only=batch_invariant,
     )
     draft_graph_later = providers.Factory(
         factories.background_runner, graph_settings, draft_model, draft_pool, req_to_token, "draft", max_width=1,

@@ -221,16 +221,14 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
 def _validate_attention(config: dict) -> None:
-    """Batch-invariant attention and exact logprobs attend one query per call: torch_native's way, eager."""
+    """Batch-invariant attention and exact logprobs attend one query per call: torch_native's way (graphs
+    keep it only where they attend one query at a time: checked when the target is built)."""
     attention = config["attention"]
     for key in ("batch_invariant", "exact_logprobs"):
         if attention[key] not in (None, True, False):
             raise ConfigError(f"attention.{key} must be true, false or null, got {attention[key]!r}")
         if attention[key] and attention["backend"] != "torch_native":
             raise ConfigError(f"attention.{key}=true needs attention.backend=torch_native, got {attention['backend']!r}")
-    if attention["batch_invariant"] and config["graphs"]["mode"] != "eager":
-        raise ConfigError(f"attention.batch_invariant=true runs eager attention; graphs.mode is "
-                          f"{config['graphs']['mode']!r} (set graphs.mode=eager, or attention.batch_invariant=false)")
 
 
 def _validate_server(server: dict) -> None:

@@ -5,6 +5,11 @@ attends every request's context by slot ([B, C] slots from the request-to-token 
 the forward built once for all layers. A float32 pool on a CPU is read in place by eyas's paged
 attention op (`kernels/cpu_attention.py`); otherwise the context is gathered by slot and SDPA runs over
 it, the compiler fusing the gathers and the mask into its own kernels.
+
+eyas's op computes a query alike whatever the batch, the context length past its own and its other queries,
+so where it serves, a chain's graph computes the bits a batch-invariant eager forward computes
+(`attends_per_query`). A tree's nodes sit at their columns, not where a decode of the accepted path sees
+them, so a tree verify does not.
 """
 
 import torch
@@ -16,8 +21,13 @@ from eyas.kernels.cpu_attention import paged_attention
 
 def paged_kernel_runs(kv_pool) -> bool:
     """Whether eyas's paged attention op serves this pool: float32 on a CPU, the C++ ops built here."""
-    k = kv_pool.k[0]
-    return k.device.type == "cpu" and k.dtype == torch.float32 and cpu_ops_error() is None
+    return attends_per_query(kv_pool.k[0].device, kv_pool.k[0].dtype)
+
+
+def attends_per_query(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether graphs attend a pool of `dtype` on `device` one query at a time, as batch-invariant eager
+    attention does (eyas's paged attention op: float32 on a CPU, the C++ ops built here)."""
+    return torch.device(device).type == "cpu" and dtype == torch.float32 and cpu_ops_error() is None
 
 
 class GraphAttention:

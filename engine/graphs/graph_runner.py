@@ -17,9 +17,10 @@ from eyas.engine.graphs.settings import GraphSettings
 
 class GraphRunner:
     def __init__(self, model, kv_pool, req_to_token: torch.Tensor, settings: GraphSettings, phase: str,
-                 capture_layers: tuple[int, ...] = (), max_width: int | None = None):
+                 capture_layers: tuple[int, ...] = (), max_width: int | None = None, chains_only: bool = False):
         """max_width: the most new tokens per request this phase runs as a graph (decode and draft steps: 1,
-        so a prefill of equal-length prompts stays eager); None: any."""
+        so a prefill of equal-length prompts stays eager); None: any. chains_only: trees stay eager (a
+        batch-invariant target's verify: a tree's graph does not attend its nodes as their decodes would)."""
         if not settings.enabled:
             raise ValueError("a GraphRunner needs graphs.mode=compile or aot")
         self.model = model
@@ -29,6 +30,7 @@ class GraphRunner:
         self.phase = phase
         self.capture_layers = tuple(capture_layers)
         self.max_width = max_width
+        self.chains_only = chains_only
         self.num_runs = 0  # forwards this runner ran as a graph (the phase's other forwards ran eager)
         # tree or not -> the shared compiled or exported forward (held here)
         self._forwards: dict[bool, CompiledForward | ExportedForward] = {}
@@ -41,6 +43,7 @@ class GraphRunner:
         return (batch.batch_size <= self.settings.max_batch_size
                 and min(batch.extend_lens) == width == max(batch.extend_lens)
                 and (self.max_width is None or width <= self.max_width)
+                and not (self.chains_only and batch.custom_mask is not None)
                 # aot packages are exported for contexts of 2 positions up (a size of 1 is a graph of its own)
                 and 2 <= max(batch.seq_lens) <= self.settings.max_context[-1])
 

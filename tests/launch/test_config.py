@@ -109,7 +109,6 @@ INVALID = [
      "attention.batch_invariant=true needs attention.backend=torch_native"),
     (["attention.backend=triton", "attention.exact_logprobs=true"],
      "attention.exact_logprobs=true needs attention.backend=torch_native"),
-    (["graphs.mode=compile", "attention.batch_invariant=true"], "attention.batch_invariant=true runs eager attention"),
     (["attention.exact_logprobs=maybe"], "attention.exact_logprobs"),
     (["model.quantization=int3"], "model.quantization"),
     (["sampling.logprobs=21"], "sampling.logprobs"),

@@ -98,16 +98,22 @@ def test_a_verify_attends_each_query_as_its_decode(tmp_path):
         assert torch.equal(alone[0], together[j])
 
 
-def test_null_resolves_on_for_reduced_precision_with_eager_torch_native_attention():
+def test_null_resolves_on_for_reduced_precision_where_every_forward_attends_per_query():
     assert batch_invariant_attention(None, "torch_native", "int8", "eager") is True
     assert batch_invariant_attention(None, "torch_native", "none", "eager") is False
-    assert batch_invariant_attention(None, "torch_native", "int8", "compile") is False  # compiled graphs attend batched
+    # float32 on a CPU: graphs attend one query at a time (eyas's paged op), so their eager forwards keep it
+    assert batch_invariant_attention(None, "torch_native", "int8", "compile") is True
+    assert batch_invariant_attention(None, "torch_native", "gguf", "aot") is True
+    # half precision: graphs attend batched, so an aot or compiled target does not (auto starts eager)
+    assert batch_invariant_attention(None, "torch_native", "none", "aot", torch.float16) is False
+    assert batch_invariant_attention(None, "torch_native", "none", "auto", torch.float16) is True
+    assert batch_invariant_attention(None, "torch_native", "int8", "aot", torch.float32, torch.device("cuda")) is False
     assert batch_invariant_attention(None, "triton", "int4", "eager") is False
     assert batch_invariant_attention(False, "torch_native", "int8", "eager") is False
 
 
 @pytest.mark.parametrize("overrides,message", [
-    (["graphs.mode=compile"], "attention.batch_invariant=true runs eager attention"),
+    (["graphs.mode=compile", "model.dtype=float16"], "attention.batch_invariant=true: graphs.mode=compile attends batched"),
     (["attention.backend=triton"], "attention.batch_invariant=true needs attention.backend=torch_native"),
 ])
 def test_batch_invariant_attention_is_refused_at_start_where_it_cannot_run(near_ties, overrides, message):

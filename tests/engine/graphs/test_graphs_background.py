@@ -144,8 +144,8 @@ def test_a_target_that_cannot_be_exported_stays_eager_and_starts_no_process(gqa_
 
 
 def test_a_target_that_attends_batch_invariant_stays_eager(gqa_checkpoint, compilers, tmp_path):
-    """Half precision (as quantized activations) attends one query per call eager; graphs attend batched,
-    which would change its tokens at the swap."""
+    """Half precision attends one query per call eager; its graphs attend batched (eyas's paged op reads
+    float32 pools), which would change its tokens at the swap."""
     with build_engine([*engine_overrides(gqa_checkpoint, "none", "model.dtype=float16"), *auto(tmp_path)]) as eng:
         assert eng.graphs is None and not compilers and eng.worker.graph is None
         assert eng.worker.runner.attn_backend.batch_invariant
@@ -190,3 +190,20 @@ def test_the_command_line_compiles_in_the_background_and_a_second_start_loads(tm
     second = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0 and "swapped in (loaded from an earlier run)" in second.stdout + second.stderr
     assert "graphs graphs" in second.stdout  # the summary line
+
+
+def test_a_batch_invariant_targets_verify_runner_leaves_trees_to_eager():
+    """A graph's tree nodes sit at their columns, not where the accepted path's decodes read them: the
+    verify runner of a target that attends batch-invariant takes chains only."""
+    from types import SimpleNamespace
+
+    from eyas.engine.graphs.graph_runner import GraphRunner
+    from eyas.engine.graphs.settings import GraphSettings
+
+    settings = GraphSettings("aot", (1, 2, 4), (256,), None, background=True)
+    chain = SimpleNamespace(batch_size=2, extend_lens=[4, 4], seq_lens=[9, 12], custom_mask=None)
+    tree = SimpleNamespace(batch_size=2, extend_lens=[4, 4], seq_lens=[9, 12], custom_mask=object())
+    both = GraphRunner(None, None, None, settings, "verify")
+    chains = GraphRunner(None, None, None, settings, "verify", chains_only=True)
+    assert both.fits(chain) and both.fits(tree)
+    assert chains.fits(chain) and not chains.fits(tree)

@@ -161,21 +161,44 @@ def test_speculation_over_the_files_blocks_equals_plain_decoding(q4_target, algo
     random_requests_match_plain(q4_target, overrides, count=6, seed=5, vocab=vocab, plain=tuple(engine))
 
 
+def recorded_logits(eng, prompts: list[list[int]], params: SamplingParams) -> tuple[list[list[int]], list[torch.Tensor]]:
+    """(tokens per prompt, the logits of every forward in order) of one generate."""
+    model, seen = eng.worker.runner.model, []
+    compute = model.compute_logits
+
+    def recording(hidden):
+        logits = compute(hidden)
+        seen.append(logits.clone())
+        return logits
+
+    model.compute_logits = recording
+    try:
+        outs = eng.generate(prompt_token_ids=prompts, sampling=params)
+    finally:
+        del model.compute_logits
+    return [o.token_ids for o in outs], seen
+
+
 @pytest.mark.slow  # compiles the target's two decode packages: about 30 s
 @pytest.mark.parametrize("scheme", ["gguf", "gguf_f32"])
 def test_the_files_blocks_run_inside_aot_graphs_as_eager(q4_target, scheme, tmp_path):
     """The block kernels are custom ops the exporter traces through: the packages call them, and decode
-    emits eager's tokens (on these fixtures; `gguf`'s 7-bit activations can turn the last bit of a batched
-    attention into another token on a larger model, see README)."""
+    emits eager's tokens. With `gguf`'s 7-bit activations the target attends batch-invariant, eager and
+    graphs alike (eyas's paged op, a query at a time; the ragged prefill of a batch eager, one prompt a
+    call): every forward's logits have eager's bits, so a swap mid-run cannot change a token."""
     overrides = [*PLAIN, f"model.path={q4_target}", f"model.quantization={scheme}"]
-    prompts = [[BOS, 5, 9, 12], [BOS, 7, 3, 3, 8, 20]]
+    prompts = [[BOS, 5, 9, 12], [BOS, 7, 3, 3, 8, 20], [BOS, 11, 2]]
     params = SamplingParams(max_new_tokens=16, ignore_eos=True)
     with build_engine(overrides) as eng:
-        eager = [o.token_ids for o in eng.generate(prompt_token_ids=prompts, sampling=params)]
+        eager, eager_logits = recorded_logits(eng, prompts, params)
     with build_engine([*overrides, "graphs.mode=aot", f"graphs.cache_dir={tmp_path}"]) as eng:
-        graphed = [o.token_ids for o in eng.generate(prompt_token_ids=prompts, sampling=params)]
+        graphed, graphed_logits = recorded_logits(eng, prompts, params)
         assert eng.worker.graph.forward(False)._fallback is None and eng.worker.graph.num_runs > 0
+        assert eng.worker.runner.attn_backend.batch_invariant == (scheme == "gguf")
     assert graphed == eager
+    if scheme == "gguf":
+        assert len(graphed_logits) == len(eager_logits)
+        assert all(torch.equal(g, e) for g, e in zip(graphed_logits, eager_logits))
 
 
 def test_gguf_quantization_of_a_directory_names_the_fields():
