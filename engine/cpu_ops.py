@@ -11,11 +11,19 @@ import tempfile
 import warnings
 from pathlib import Path
 
+import torch
+
 from eyas.engine.cache_root import cache_root
 from eyas.kernels import cpu_ops
 
 log = logging.getLogger("eyas")
 _UNAVAILABLE: list[str] = []  # why the ops could not be built here (once per process)
+
+
+def paged_attention_runs(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether eyas's paged attention op serves a KV pool of `dtype` on `device`: float32 on a CPU, the ops
+    built here. It attends each query alike in any batch, so what it serves is batch-invariant."""
+    return torch.device(device).type == "cpu" and dtype == torch.float32 and cpu_ops_error() is None
 
 
 def cpu_ops_error() -> str | None:

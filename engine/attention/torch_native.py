@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
-from eyas.engine.cpu_ops import cpu_ops_error
+from eyas.engine.cpu_ops import paged_attention_runs
 from eyas.engine.forward_batch import ForwardBatch
 from eyas.kernels.cpu_attention import paged_attention
 
@@ -76,7 +76,7 @@ class TorchNativeBackend:
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         if self.batch_invariant or batch.exact:
-            self.metadata = _invariant_metadata(batch, paged=_paged_op_serves(batch.kv_pool))
+            self.metadata = _invariant_metadata(batch, paged=paged_attention_runs(batch.kv_pool.k[0].device, batch.kv_pool.k[0].dtype))
             return
         device = batch.input_ids.device
         prefix_lens, extend_lens = batch.prefix_lens, batch.extend_lens
@@ -179,12 +179,6 @@ class TorchNativeBackend:
                         scale=self.scale, enable_gqa=gqa)[0, :, 0]
             start += extend
         return out
-
-
-def _paged_op_serves(kv_pool) -> bool:
-    """Whether eyas's paged attention op reads this pool: float32 on a CPU, the C++ ops built here."""
-    k = kv_pool.k[0]
-    return k.device.type == "cpu" and k.dtype == torch.float32 and cpu_ops_error() is None
 
 
 def _invariant_metadata(batch: ForwardBatch, paged: bool = False) -> InvariantMetadata:

@@ -15,7 +15,7 @@ them, so a tree verify does not.
 import torch
 from torch.nn import functional as F
 
-from eyas.engine.cpu_ops import cpu_ops_error
+from eyas.engine.cpu_ops import paged_attention_runs
 from eyas.kernels.cpu_attention import paged_attention
 
 
@@ -26,8 +26,8 @@ def paged_kernel_runs(kv_pool) -> bool:
 
 def attends_per_query(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether graphs attend a pool of `dtype` on `device` one query at a time, as batch-invariant eager
-    attention does (eyas's paged attention op: float32 on a CPU, the C++ ops built here)."""
-    return torch.device(device).type == "cpu" and dtype == torch.float32 and cpu_ops_error() is None
+    attention does: where eyas's paged attention op serves it."""
+    return paged_attention_runs(device, dtype)
 
 
 class GraphAttention:
