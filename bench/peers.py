@@ -14,6 +14,7 @@ waves, prefill included. Each system's greedy ids are compared with eyas plain's
     python -m eyas.bench peers --workload repeated --systems eyas,eyas_adaptive,fixed --batch-sizes 1 --num-prompts 8
     python -m eyas.bench peers --model smollm2 --workload chat --batch-sizes 1 --num-prompts 8 \
         --systems llama_cpp,ct2,ct2_int8,hf,eyas,eyas_gguf_f32,eyas_dequant,eyas_adaptive
+    python -m eyas.bench peers --model smollm2 --starts --systems eyas,eyas_aot,eyas_adaptive_aot,eyas_adaptive_auto
 
 `--model` names the target as `model=` does (tiny, the shipped pair, by default; smollm2: its GGUF file).
 On a GGUF target eyas runs the file's own blocks (`model.quantization=gguf`: int8 activations),
@@ -35,17 +36,26 @@ over suffix decoding's lookup) and eyas_k1 .. eyas_k6 (EAGLE-3 at a fixed k); `-
 every fixed drafter configuration (n-gram, hybrids, tree, suffix, k = 1..6), and each `--eyas
 NAME=OVERRIDES` adds one of your own. The default's choices (its share of cycles per candidate) and
 its ratio to the fastest fixed configuration are printed per batch size; eyas_graphs and eyas_adaptive_graphs are eyas and eyas_adaptive with
-`graphs.mode=compile` (compiled when the engine is built, before any timing). The ratios of eyas_ngram and eyas_standalone to transformers'
+`graphs.mode=compile` (compiled when the engine is built, before any timing), eyas_aot and eyas_adaptive_aot
+with `graphs.mode=aot`; every other eyas system runs eager unless its overrides name a graphs mode. eyas_auto and
+eyas_adaptive_auto run the default, `graphs.mode=auto`, as a user gets it: on an empty package directory
+(`--graphs-cache`, by default one of this run) they start eager while a background process compiles their
+packages and swap them in when it ends (their graphs state is printed after each batch size); on a directory
+holding them, they load them at start. `--starts` first times `python -m eyas` itself: eager, a first start
+and a second start of the default (wall seconds, tok/s). The ratios of eyas_ngram and eyas_standalone to transformers'
 prompt lookup and assisted generation are printed too. transformers' prompt lookup and assisted
 generation run at batch 1 only. Needs the optional packages: pip install '.[bench]'.
 """
 
 import argparse
+import fcntl
 import importlib
 import importlib.util
 import json
 import math
 import os
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -58,6 +68,7 @@ from eyas.bench.decode import agreement, eyas_generate, load_hf
 from eyas.bench.record import add_out_argument, scalars, write_record
 from eyas.bench.workloads import CHAT_WORKLOADS, WORKLOADS, chat_prompts_for, workload_prompts
 from eyas.engine.assets import asset_path
+from eyas.engine.graphs.exported import package_dir
 from eyas.engine.models.checkpoint_source import checkpoint_directory, gguf_source
 from eyas.engine.report.figures import pyplot, save
 from eyas.engine.tokenizer import Tokenizer
@@ -71,6 +82,7 @@ SYSTEMS = {"llama_cpp": "llama.cpp plain", "ct2": "ct2 plain", "ct2_int8": "ct2 
            "eyas_graphs": "eyas plain, compiled", "eyas_adaptive_graphs": "eyas adaptive (default), compiled",
            "eyas_dequant": "eyas plain, dequantized float32", "eyas_gguf_f32": "eyas plain, file blocks, f32 activations",
            "eyas_aot": "eyas plain, AOT-compiled", "eyas_adaptive_aot": "eyas adaptive (default), AOT-compiled",
+           "eyas_auto": "eyas plain, graphs auto", "eyas_adaptive_auto": "eyas default, as started",
            **{f"eyas_k{k}": f"eyas EAGLE-3 k={k}" for k in range(1, 7)}}
 BATCH1_ONLY = {"hf_lookup", "hf_assisted", "llama_cpp"}
 GGUF_ONLY = {"llama_cpp", "eyas_dequant", "eyas_gguf_f32"}  # systems that read a GGUF file
@@ -89,7 +101,10 @@ EYAS_OVERRIDES = {"eyas": ["speculative=none", "draft=none"], "eyas_spec": ["ada
                   "eyas_gguf_f32": ["speculative=none", "draft=none", "model.quantization=gguf_f32"],
                   "eyas_aot": ["speculative=none", "draft=none", "graphs.mode=aot"],
                   "eyas_adaptive_aot": ["graphs.mode=aot"],
+                  "eyas_auto": ["speculative=none", "draft=none", "graphs.mode=auto"],
+                  "eyas_adaptive_auto": ["graphs.mode=auto"],
                   **{f"eyas_k{k}": ["adaptive=off", f"speculative.num_steps={k}"] for k in range(1, 7)}}
+GRAPH_MODE = "graphs.mode=eager"  # of every eyas system that names none: the default (auto) is eyas_*auto's
 # the fixed configurations the default is held against (`--systems fixed` names them all)
 FIXED = ["eyas_ngram", "eyas_hybrid", "eyas_tree", "eyas_suffix", "eyas_hybrid_suffix", *(f"eyas_k{k}" for k in range(1, 7))]
 # eyas drafters and the transformers peer that drafts the same way: their ratio is printed per batch
@@ -112,6 +127,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--ct2-threads", type=int, default=0, help="ct2 intra_threads (0: the fastest, timed at start)")
     p.add_argument("--llama-threads", type=int, default=0, help="llama.cpp threads (0: the fastest, timed at start)")
+    p.add_argument("--graphs-cache", default=None, metavar="DIR",
+                   help="graphs.cache_dir of the graphs.mode=auto systems (eyas_auto, eyas_adaptive_auto) and of "
+                        "--starts: packages found there load at start (a second start); default: an empty directory "
+                        "of this run (a first start: eager while a background process compiles them)")
+    p.add_argument("--starts", action="store_true",
+                   help="first time `python -m eyas` as a user starts it (--model, no other override): eager, then "
+                        "the default on an empty package directory (first start), then again once its background "
+                        "compile has ended (second start)")
     add_out_argument(p, "peers")
     args = p.parse_args(argv)
     named = [s.strip() for s in args.systems.split(",") if s.strip()]
@@ -290,10 +313,59 @@ def make_runners(args, pool: list[list[int]], tmp: str) -> tuple[dict, list]:
     for name in EYAS_OVERRIDES:
         if name in args.systems:
             eng = build_engine(overrides=[f"model={args.model}", "device=cpu", "model.dtype=float32",
-                                          *EYAS_OVERRIDES[name], *cache])
+                                          *graphs_of(EYAS_OVERRIDES[name], args.graphs_cache), *cache])
             engines.append(eng)
             runners[name] = EyasRunner(eng, n)
     return {s: runners[s] for s in args.systems}, engines
+
+
+def graphs_of(overrides: list[str], cache_dir: str) -> list[str]:
+    """A system's overrides with its graphs mode named (eager unless it names one: the default, auto, compiles
+    in the background and swaps in mid-run), auto's packages kept in `cache_dir`."""
+    mode = next((o.split("=", 1)[1] for o in overrides if o.startswith("graphs.mode=")), None)
+    if mode is None:
+        return [*overrides, GRAPH_MODE]
+    return [*overrides, f"graphs.cache_dir={cache_dir}"] if mode == "auto" else overrides
+
+
+def graphs_state(runner) -> str | None:
+    """An eyas runner's graphs under graphs.mode=auto: compiling, graphs (swapped in), eager or failed."""
+    engine = getattr(runner, "engine", None)
+    return engine.metrics().get("graphs_state") if engine is not None else None
+
+
+def measure_starts(model: str, cache_dir: str, work: str) -> list[dict]:
+    """`python -m eyas model=MODEL` timed as a user starts it (wall seconds to its exit, its tok/s and graphs
+    state): eager; the default (graphs.mode=auto) on `cache_dir` (empty: a first start, eager while the
+    packages compile in the background); the default again once that compile has ended (a second start)."""
+    env = {k: v for k, v in os.environ.items() if k != "EYAS_GRAPHS_MODE"}  # the default as a user has it
+    starts = []
+    for label, overrides in (("eager", ["graphs.mode=eager"]), ("first start", []), ("second start", [])):
+        if label == "second start":
+            waited = wait_for_compile(package_dir(cache_dir))
+            print(f"  start: the background compile ended {waited:.0f} s after the first start did")
+        command = [sys.executable, "-m", "eyas", f"model={model}", f"graphs.cache_dir={cache_dir}", *overrides,
+                   f"hydra.run.dir={work}/start-{len(starts)}"]
+        began = time.perf_counter()
+        ran = subprocess.run(command, env=env, capture_output=True, text=True)
+        wall = time.perf_counter() - began
+        if ran.returncode != 0:
+            sys.exit(f"{' '.join(command)} failed:\n{ran.stderr[-2000:]}")
+        summary = next(line for line in ran.stdout.splitlines() if line.startswith("requests "))
+        rate = float(summary.split(" tok/s")[0].rsplit("| ", 1)[1])
+        state = summary.rsplit("| graphs ", 1)[1].strip() if "| graphs " in summary else "eager"
+        starts.append(dict(start=label, wall_s=wall, tok_s=rate, graphs=state))
+        print(f"  start: {label}: {wall:.1f} s wall, {rate:.1f} tok/s, graphs {state}")
+    return starts
+
+
+def wait_for_compile(directory: Path) -> float:
+    """Seconds until no background compile holds `directory`'s lock (each holds it until it exits)."""
+    began = time.perf_counter()
+    with open(directory / "compile.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    return time.perf_counter() - began
 
 
 def lookup_cost(runner) -> tuple[float, int] | None:
@@ -440,6 +512,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"load average at start: {' '.join(f'{x:.2f}' for x in load)} on {os.cpu_count()} cpus")
     results = {}
     with tempfile.TemporaryDirectory(prefix="bench_peers_") as tmp:
+        own_cache = args.graphs_cache is None
+        args.graphs_cache = args.graphs_cache or os.path.join(tmp, "graphs")
+        starts = measure_starts(args.model, args.graphs_cache, tmp) if args.starts else []
         runners, engines = make_runners(args, [p for b in args.batch_sizes for p in pools[b]], tmp)
         try:
             for b in args.batch_sizes:
@@ -448,6 +523,9 @@ def main(argv: list[str] | None = None) -> None:
                 chosen = {name: adaptive_cycles(runner) for name, runner in active.items()}
                 results[b] = bench_batch(active, make_waves(pools[b], b, args.num_prompts, args.rounds), n)
                 print(f"  batch {b}: done")
+                for name, runner in active.items():
+                    if graphs_state(runner) is not None:
+                        print(f"  batch {b}: {SYSTEMS[name]}: graphs {graphs_state(runner)} after its waves")
                 for name, before in chosen.items():
                     summary = choice_summary(before, adaptive_cycles(active[name]))
                     if summary:
@@ -459,6 +537,10 @@ def main(argv: list[str] | None = None) -> None:
                               f"us per step ({steps} steps)")
         finally:
             for eng in engines:
+                compiler = eng.graphs.compiler if eng.graphs is not None else None
+                if own_cache and compiler is not None and compiler.poll() is None:  # it compiles into this run's directory
+                    os.killpg(compiler.pid, signal.SIGTERM)  # its session: inductor's workers and the C++ compiler too
+                    compiler.wait()
                 eng.close()
     base = SYSTEMS[baseline(args.systems)] if baseline(args.systems) else "-"
     rows = summarize(args, results)
@@ -476,7 +558,8 @@ def main(argv: list[str] | None = None) -> None:
     meta = dict(model=args.model, workload=args.workload, threads=torch.get_num_threads(), ct2_threads=args.ct2_threads,
                 llama_threads=args.llama_threads, max_new_tokens=n, rounds=args.rounds, num_prompts=args.num_prompts,
                 batch_sizes=args.batch_sizes, load_average_at_start=load)
-    write_record(args.out, "peers", argv, [scalars(r) for r in rows], {**meta, "rows": rows, "peer_ratios": pairs})
+    write_record(args.out, "peers", argv, [scalars(r) for r in rows],
+                 {**meta, "rows": rows, "peer_ratios": pairs, "starts": starts})
     if importlib.util.find_spec("matplotlib") is None:
         print("no chart: matplotlib is missing (pip install '.[bench]')")
         return

@@ -8,7 +8,10 @@ BENCH_MODEL = "tiny"
 
 
 def bench_overrides(overrides) -> list[str]:
-    return with_group(overrides, "model", BENCH_MODEL)
+    """`overrides` on the bench model, eager unless they name a graphs mode: the default (auto) would compile
+    in a background process and swap graphs in partway through a measurement."""
+    overrides = with_group(overrides, "model", BENCH_MODEL)
+    return overrides if any(o.startswith("graphs.mode=") for o in overrides) else [*overrides, "graphs.mode=eager"]
 
 
 def build_engine(overrides=()):

@@ -16,13 +16,26 @@ import time
 from pathlib import Path
 
 
+def lowest_priority() -> None:
+    """Nice 19 for this process and everything it starts (inductor's workers, the C++ compiler). It runs in a
+    session of its own (it outlives the engine), and Linux's autogroup scheduling shares the CPU between
+    sessions as equals whatever their tasks' nice: a nice process of another session took half of each core
+    from the engine's threads, which wait for each other at every parallel op. So its session's autogroup is
+    lowered too, where the kernel has one."""
+    os.nice(19)
+    try:
+        Path("/proc/self/autogroup").write_text("19")
+    except OSError:  # no autogroup scheduling (kernel option, not Linux)
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         print(f"usage: python {__file__} DIR/compile-<pid>.json", file=sys.stderr)
         return 2
     path = Path(argv[0])
-    os.nice(19)  # the lowest priority: the engine it serves decodes first
+    lowest_priority()  # the engine it serves decodes first
     start = time.perf_counter()
     with open(path.parent / "compile.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the process ends, however it ends

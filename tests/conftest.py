@@ -16,6 +16,10 @@ if not os.environ.get("EYAS_CACHE_DIR"):
     os.environ["EYAS_CACHE_DIR"] = tempfile.mkdtemp(prefix="eyas-test-cache-")
     atexit.register(shutil.rmtree, os.environ["EYAS_CACHE_DIR"], ignore_errors=True)
 
+# the default graphs.mode (auto) compiles graph packages in a background process; the tests' engines, CLI and
+# README commands run eager unless a test names a graphs mode (the graph tests do)
+os.environ.setdefault("EYAS_GRAPHS_MODE", "eager")
+
 import pytest
 from support.checkpoints import CHECKPOINTS, fixture_dir
 from support.engines import PlainReference

@@ -70,14 +70,23 @@ def safetensors_files(directory: Path, allow_bin: bool = False) -> list[Path]:
     raise CheckpointError(f"missing file: neither {single.name} nor {index.name} in {directory}")
 
 
-def read_tensors(directory: Path, allow_bin: bool = False) -> dict[str, torch.Tensor]:
-    """All tensors of a checkpoint directory (`pytorch_model.bin` too when `allow_bin`: draft heads ship so;
-    a GGUF file's metadata directory: the file's tensors, dequantized to float32)."""
+def gguf_file_of(directory: Path):
+    """The GGUFFile a metadata directory stands for (None for a Hugging Face directory)."""
     source = gguf_source(directory)
-    if source is not None:
-        from eyas.engine.models.gguf_file import GGUFFile  # needs the optional `gguf` package
+    if source is None:
+        return None
+    from eyas.engine.models.gguf_file import GGUFFile  # needs the `gguf` package
 
-        return GGUFFile(source).tensors()
+    return GGUFFile(source)
+
+
+def read_tensors(directory: Path, allow_bin: bool = False, gguf_file=None) -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint directory (`pytorch_model.bin` too when `allow_bin`: draft heads ship so;
+    a GGUF file's metadata directory: the file's tensors, dequantized to float32, read from `gguf_file`
+    when the caller opened it)."""
+    gguf_file = gguf_file or gguf_file_of(directory)
+    if gguf_file is not None:
+        return gguf_file.tensors()
     tensors = {}
     for file in safetensors_files(directory, allow_bin):
         if file.suffix == ".bin":
@@ -147,16 +156,14 @@ def pack_for_inference(model: torch.nn.Module, weight_layout: str, device: torch
     model.pack(dict.fromkeys(shapes, quantization))
 
 
-def attach_gguf_blocks(model: LlamaForCausalLM, directory: Path, scheme: str, field: str) -> None:
+def attach_gguf_blocks(model: LlamaForCausalLM, directory: Path, scheme: str, field: str, gguf_file=None) -> None:
     """Hand each projection its GGUF file blocks (Q4_0 / Q4_1 / Q8_0) for `pack` (gguf_block_weights); a tied
     lm_head gets the embedding's."""
-    source = gguf_source(directory)
-    if source is None:
+    gguf_file = gguf_file or gguf_file_of(directory)
+    if gguf_file is None:
         raise ConfigError(f"{field}.quantization={scheme} keeps a GGUF file's quantized blocks, but {field}.path is "
                           f"not a .gguf file ({directory}); allowed here: none, int8, int4")
-    from eyas.engine.models.gguf_file import GGUFFile  # needs the `gguf` package
-
-    blocks = GGUFFile(source).quantized_blocks()
+    blocks = gguf_file.quantized_blocks()
     if model.lm_head.weight is model.model.embed_tokens.weight and "model.embed_tokens.weight" in blocks:
         blocks["lm_head.weight"] = blocks["model.embed_tokens.weight"]
     for name, module in model.named_modules():
@@ -183,7 +190,8 @@ def load_model(path: str | Path, dtype: str = "auto", device: str | torch.device
     config: ModelConfig = load_model_config(directory)
     torch_dtype = resolve_dtype(dtype, config.torch_dtype)
     device = torch.device(device)
-    tensors = read_tensors(directory)
+    gguf_file = gguf_file_of(directory)  # read once: its blocks decode once for the float tensors and the layouts
+    tensors = read_tensors(directory, gguf_file=gguf_file)
     if config.tie_word_embeddings or "lm_head.weight" not in tensors:
         if not config.tie_word_embeddings:
             raise CheckpointError(f"{directory}: missing tensors ['lm_head.weight'] (and tie_word_embeddings is false)")
@@ -195,7 +203,7 @@ def load_model(path: str | Path, dtype: str = "auto", device: str | torch.device
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     if quantization in GGUF_SCHEMES:
-        attach_gguf_blocks(model, directory, quantization, field)
+        attach_gguf_blocks(model, directory, quantization, field, gguf_file)
     model.model.rotary.reset(device)
     model.eval().requires_grad_(False)
     pack_for_inference(model, weight_layout, device, Quantization(quantization, quantization_group_size), field,

@@ -66,6 +66,33 @@ def test_bench_peers_on_a_repeated_workload_reports_the_default_against_fixed_dr
     assert all(r["equal"].startswith(("reference", "3/3 rows identical")) for r in rows), rows
 
 
+def test_bench_peers_systems_name_their_graphs_mode_and_auto_keeps_its_packages_where_asked():
+    """The default graphs mode (auto) compiles in the background and swaps in mid-run: only the eyas_*auto
+    systems run it, in the --graphs-cache directory; every other eyas system names its mode (eager unless
+    it is a graphs system)."""
+    from eyas.bench.peers import EYAS_OVERRIDES, graphs_of
+
+    modes = {name: [o for o in graphs_of(overrides, "/packages") if o.startswith("graphs.")]
+             for name, overrides in EYAS_OVERRIDES.items()}
+    assert modes["eyas"] == modes["eyas_adaptive"] == modes["eyas_k3"] == ["graphs.mode=eager"]
+    assert modes["eyas_aot"] == ["graphs.mode=aot"] and modes["eyas_graphs"] == ["graphs.mode=compile"]
+    assert modes["eyas_auto"] == modes["eyas_adaptive_auto"] == ["graphs.mode=auto", "graphs.cache_dir=/packages"]
+    assert all(len([o for o in m if o.startswith("graphs.mode=")]) == 1 for m in modes.values()), modes
+
+
+@pytest.mark.slow  # a background compile of the tiny pair's default packages: minutes
+def test_bench_peers_times_the_starts_a_user_gets_and_runs_the_default_as_started(tmp_path):
+    out = run_bench("peers", "--starts", "--systems", "eyas,eyas_adaptive_auto", "--batch-sizes", "1",
+                    "--max-new-tokens", "6", "--num-prompts", "2", "--rounds", "1", "--out", str(tmp_path))
+    result = read_record(tmp_path, "peers")["results"]
+    assert [(s["start"], s["graphs"]) for s in result["starts"]] == [
+        ("eager", "eager"), ("first start", "compiling"), ("second start", "graphs")], result["starts"]
+    assert all(s["wall_s"] > 0 and s["tok_s"] > 0 for s in result["starts"])
+    assert "the background compile ended" in out and "| 1 | eyas default, as started |" in out
+    rows = [r for r in result["rows"] if r["tok_s"] is not None]
+    assert all(r["equal"].startswith(("reference", "2/2 rows identical")) for r in rows), rows
+
+
 def test_workloads_are_distinct_prompts_and_repeated_ones_follow_their_originals():
     from eyas.bench.workloads import REPEATS, WORKLOADS, workload_prompts
 

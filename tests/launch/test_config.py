@@ -269,6 +269,29 @@ def test_the_package_default_is_smollm2_from_its_gguf_file_with_its_eagle3_head(
     assert compose_config([])["model"]["path"] == str(asset_path("target"))
 
 
+def test_graphs_default_to_auto_and_eyas_graphs_mode_sets_the_default():
+    """`python -m eyas` with no override composes graphs.mode=auto; EYAS_GRAPHS_MODE in the environment
+    changes the default (the tests run eager so) and an override still wins; a bad value names the field."""
+    import os
+    import subprocess
+    import sys
+
+    def mode(env_mode: str | None, *overrides: str) -> subprocess.CompletedProcess:
+        env = {k: v for k, v in os.environ.items() if k != "EYAS_GRAPHS_MODE"}
+        if env_mode is not None:
+            env["EYAS_GRAPHS_MODE"] = env_mode
+        return subprocess.run([sys.executable, "-m", "eyas", "--cfg", "job", "--package", "graphs", "--resolve",
+                               *overrides],
+                              env=env, capture_output=True, text=True, timeout=120)
+
+    assert "mode: auto" in mode(None).stdout
+    assert "mode: eager" in mode("eager").stdout
+    assert "mode: aot" in mode("eager", "graphs.mode=aot").stdout
+    bad = subprocess.run([sys.executable, "-m", "eyas", "sampling.max_new_tokens=1"], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "EYAS_GRAPHS_MODE": "fast"})
+    assert bad.returncode != 0 and "graphs.mode" in bad.stderr and "eager" in bad.stderr
+
+
 @pytest.mark.parametrize("group,key,value,allowed", [
     ("model", "dtype", "float64", "auto, float32, float16, bfloat16"),
     ("attention", "backend", "flash", "torch_native, triton"),

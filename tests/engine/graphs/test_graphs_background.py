@@ -7,10 +7,12 @@ The compiling process is stood in for here (`FakeCompiler`): the packages come f
 same config, as the process would write them. The process itself runs in the slow CLI test.
 """
 
+import importlib.util
 import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from support import build_engine, cli_on_tiny
@@ -207,3 +209,18 @@ def test_a_batch_invariant_targets_verify_runner_leaves_trees_to_eager():
     chains = GraphRunner(None, None, None, settings, "verify", chains_only=True)
     assert both.fits(chain) and both.fits(tree)
     assert chains.fits(chain) and not chains.fits(tree)
+
+
+@pytest.mark.skipif(not Path("/proc/self/autogroup").is_file(), reason="the kernel schedules no autogroups")
+def test_the_compiling_process_lowers_its_sessions_autogroup_as_well_as_its_nice():
+    """The compiler runs in a session of its own; Linux shares a CPU between sessions' autogroups as equals,
+    whatever their tasks' nice, so a nice-19 compiler alone took half of each core from the engine. It
+    lowers its autogroup too (what it starts, the C++ compiler's processes included, inherits both)."""
+    code = ("import os, runpy; ns = runpy.run_path(%r); ns['lowest_priority']();"
+            "print(os.getpriority(os.PRIO_PROCESS, 0), open('/proc/self/autogroup').read())"
+            % importlib.util.find_spec(background_graphs.COMPILER).origin)
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         start_new_session=True)  # as start_compiler starts it
+    assert ran.returncode == 0, ran.stderr
+    nice, autogroup = ran.stdout.split(maxsplit=1)
+    assert nice == "19" and autogroup.split()[-1] == "19", ran.stdout

@@ -218,6 +218,33 @@ def truncated_copy(source, target):
     return target
 
 
+@pytest.mark.parametrize("arch,qtype,pre", [("llama", "Q4_1", "smollm"), ("qwen2", "F16", "default"),
+                                            ("llama", "Q5_0", "default"), ("llama", "BF16", "default")])
+def test_header_reads_as_the_gguf_packages_reader_reads_it(gguf_model, arch, qtype, pre):
+    """eyas reads the header itself (the package's reader builds a view per tokenizer string: seconds per start):
+    every metadata value as the package's `contents()`, every tensor's type, offset, size and data view alike."""
+    ours = GGUFFile(gguf_model(arch, qtype, pre))
+    theirs = gguf.GGUFReader(str(ours.path))
+    fields = {k: f.contents() for k, f in theirs.fields.items() if not k.startswith("GGUF.")}
+    assert fields and all(ours.field(k) == v for k, v in fields.items()), \
+        [k for k, v in fields.items() if ours.field(k) != v]
+    assert ours.field("tokenizer.ggml.tokens") and ours.field("no.such.key", 7) == 7
+    assert len(ours._tensors) == len(theirs.tensors)
+    for info in theirs.tensors:
+        mine = ours._tensors[info.name]
+        assert (mine.tensor_type, mine.data_offset, mine.n_bytes) == (info.tensor_type, info.data_offset, info.n_bytes)
+        assert mine.data.dtype == info.data.dtype and mine.data.shape == info.data.shape
+        assert np.array_equal(mine.data, info.data), info.name
+
+
+def test_a_foreign_or_cut_header_is_an_error_naming_the_field(gguf_model, tmp_path):
+    data = gguf_model("llama", "Q8_0").read_bytes()
+    for name, content in (("foreign.gguf", b"PK\x03\x04" + data[4:]), ("header.gguf", data[:200])):
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(CheckpointError, match="model.path: cannot read .* as GGUF"):
+            GGUFFile(tmp_path / name)
+
+
 def test_truncated_file_is_an_error(gguf_model, tmp_path):
     path = truncated_copy(gguf_model("qwen2", "Q4_1"), tmp_path / "half.gguf")
     with pytest.raises(CheckpointError, match="model.path") as e:
