@@ -41,7 +41,8 @@ with `graphs.mode=aot`; every other eyas system runs eager unless its overrides 
 eyas_adaptive_auto run the default, `graphs.mode=auto`, as a user gets it: on an empty package directory
 (`--graphs-cache`, by default one of this run) they start eager while a background process compiles their
 packages and swap them in when it ends (their graphs state is printed after each batch size); on a directory
-holding them, they load them at start. `--starts` first times `python -m eyas` itself: eager, a first start
+holding them, they load them at start (a second start). The aot systems keep their packages there too and
+are built first: beside them, the auto system of the same config loads what they compiled. `--starts` first times `python -m eyas` itself: eager, a first start
 and a second start of the default (wall seconds, tok/s). The ratios of eyas_ngram and eyas_standalone to transformers'
 prompt lookup and assisted generation are printed too. transformers' prompt lookup and assisted
 generation run at batch 1 only. Needs the optional packages: pip install '.[bench]'.
@@ -107,6 +108,9 @@ EYAS_OVERRIDES = {"eyas": ["speculative=none", "draft=none"], "eyas_spec": ["ada
 GRAPH_MODE = "graphs.mode=eager"  # of every eyas system that names none: the default (auto) is eyas_*auto's
 # the fixed configurations the default is held against (`--systems fixed` names them all)
 FIXED = ["eyas_ngram", "eyas_hybrid", "eyas_tree", "eyas_suffix", "eyas_hybrid_suffix", *(f"eyas_k{k}" for k in range(1, 7))]
+# the default speculative configuration and plain decoding in one graphs mode: their ratio is printed per batch
+SPECULATIVE_VS_PLAIN = [("eyas_adaptive", "eyas"), ("eyas_adaptive_aot", "eyas_aot"), ("eyas_adaptive_auto", "eyas_auto"),
+                        ("eyas_adaptive_graphs", "eyas_graphs")]
 # eyas drafters and the transformers peer that drafts the same way: their ratio is printed per batch
 PEERS = {"eyas_ngram": "hf_lookup", "eyas_standalone": "hf_assisted"}
 
@@ -321,11 +325,12 @@ def make_runners(args, pool: list[list[int]], tmp: str) -> tuple[dict, list]:
 
 def graphs_of(overrides: list[str], cache_dir: str) -> list[str]:
     """A system's overrides with its graphs mode named (eager unless it names one: the default, auto, compiles
-    in the background and swaps in mid-run), auto's packages kept in `cache_dir`."""
+    in the background and swaps in mid-run), the packages of aot and auto kept in `cache_dir`: an aot system,
+    built first, compiles what the auto system of its config then loads at start."""
     mode = next((o.split("=", 1)[1] for o in overrides if o.startswith("graphs.mode=")), None)
     if mode is None:
         return [*overrides, GRAPH_MODE]
-    return [*overrides, f"graphs.cache_dir={cache_dir}"] if mode == "auto" else overrides
+    return [*overrides, f"graphs.cache_dir={cache_dir}"] if mode in ("aot", "auto") else overrides
 
 
 def graphs_state(runner) -> str | None:
@@ -458,7 +463,8 @@ def plot(rows: list[dict], base: str, path: Path) -> None:
         got = [r for r in mine if r["tok_s"] is not None]
         bars = ax_tps.bar([x[r["batch"]] for r in got], [r["tok_s"] for r in got], width, label=s, color=f"C{i}")
         ax_tps.bar_label(bars, fmt="%.0f", fontsize=7)
-        if got and got[0]["ratio"] is not None:
+        got = [r for r in got if r["ratio"] is not None]  # none where the baseline runs at batch 1 only
+        if got:
             bars = ax_ratio.bar([x[r["batch"]] for r in got], [r["ratio"] for r in got], width, color=f"C{i}")
             ax_ratio.bar_label(bars, fmt="%.2f", fontsize=7)
         for r in mine:
@@ -552,6 +558,10 @@ def main(argv: list[str] | None = None) -> None:
             best = max(fixed, key=fixed.get)
             print(f"batch {b}: the default / the fastest fixed configuration ({SYSTEMS[best]}) = "
                   f"{res['eyas_adaptive'][0] / fixed[best]:.2f}x tok/s")
+    for b, res in results.items():  # speculation against plain decoding in the same graphs mode
+        for default, plain in SPECULATIVE_VS_PLAIN:
+            if default in res and plain in res:
+                print(f"batch {b}: {SYSTEMS[default]} / {SYSTEMS[plain]} = {res[default][0] / res[plain][0]:.2f}x tok/s")
     pairs = peer_ratios(results)
     for r in pairs:
         print(f"batch {r['batch']}: {r['system']} / {r['peer']} = {r['ratio']:.2f}x tok/s")

@@ -5,7 +5,8 @@ Why beside `compiled.py`: a `torch.compile` graph is traced again by Dynamo in e
 a warm start), and each call pays Dynamo's guards; a package is loaded without tracing and runs from
 C++. Every tensor the model holds (weights, norms' constants, RoPE tables: `tensor_places`) and the KV
 pool's tensors are inputs of the package, so it holds no weights: the cache key is the structure and
-the shapes (model config, pool, captured layers, chain or tree, shape class), never the values.
+the shapes (model config, the pool's rows but not their number, captured layers, chain or tree, shape
+class), never the values; the pool's size is symbolic, so one package serves every cache config.
 
 Shape classes are the four of `compiled.py` (one request or several, one token each or several); the
 context is symbolic from 2 positions up. A structure the exporter cannot take (a packed quantized
@@ -200,8 +201,9 @@ class ExportedForward:
                 rows = width if isinstance(batch, int) else batch
                 named_dims[name] = None if isinstance(rows, int) else {0: rows}
         slots = {d: s for d, s in {0: batch, 1: context}.items() if not isinstance(s, int)}
-        dynamic = (per_token, per_token, per_token, slots, [None] * len(k), [None] * len(v), [None] * len(tensors),
-                   named_dims)
+        pool_rows = {0: torch.export.Dim("pool_rows", min=2)}  # any pool size: one package serves every cache config
+        dynamic = (per_token, per_token, per_token, slots, [pool_rows] * len(k), [pool_rows] * len(v),
+                   [None] * len(tensors), named_dims)
         with torch.inference_mode(), warnings.catch_warnings():
             warnings.filterwarnings("ignore", category=FutureWarning)  # the exporter's own deprecations
             exported = torch.export.export(self._module, inputs, dynamic_shapes=dynamic)
@@ -219,12 +221,13 @@ class ExportedForward:
         tokens, positions, out_cache_loc, context_slots, k, v, tensors, named = inputs
         described = lambda t: [str(t.dtype), list(t.shape), list(t.stride()) if t.layout == torch.strided  # noqa: E731
                                else str(t.layout)]
+        rows_free = lambda t: [str(t.dtype), list(t.shape[1:]), list(t.stride())]  # noqa: E731 - a pool's size is symbolic
         digest = hashlib.sha256()
         digest.update(json.dumps({
             "torch": torch.__version__, "model": type(self.model).__name__, "config": repr(self.model.config),
             "tree": self.tree, "capture": list(self.capture_layers), "shape": list(shape),
-            "max_position": self.max_position, "max_batch": self.max_batch_size, "slots": self.kv_pool.num_slots,
-            "pool": [described(t) for t in (*k, *v)], "places": [str(p) for p in self.places],
+            "max_position": self.max_position, "max_batch": self.max_batch_size,
+            "pool": [rows_free(t) for t in (*k, *v)], "places": [str(p) for p in self.places],
             "tensors": [described(t) for t in tensors], "named": sorted(named),
             "tokens": str(tokens.dtype), "device": str(tokens.device), "paged_kernel": self.paged_kernel,
         }, sort_keys=True).encode())

@@ -47,7 +47,7 @@ def attention_mask(positions: torch.Tensor, context: int, dtype: torch.dtype, pr
 def graph_forward(model, kv_pool, attention: GraphAttention, max_position: int, capture_layers: tuple[int, ...],
                   tokens, positions, out_cache_loc, context_slots, prefix_lens=None, node_mask=None, **model_inputs):
     """-> (hidden [T, H], aux: per captured layer [T, H])."""
-    scratch = kv_pool.num_slots  # the scratch row of slot -1
+    scratch = kv_pool.k[0].shape[0] - 1  # the scratch row of slot -1 (the pool's size is symbolic in a package)
     out_cache_loc = torch.where(out_cache_loc < 0, scratch, out_cache_loc).reshape(-1)
     context_slots = torch.where(context_slots < 0, scratch, context_slots)
     dtype = kv_pool.k[0].dtype

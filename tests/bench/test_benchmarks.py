@@ -68,14 +68,18 @@ def test_bench_peers_on_a_repeated_workload_reports_the_default_against_fixed_dr
 
 def test_bench_peers_systems_name_their_graphs_mode_and_auto_keeps_its_packages_where_asked():
     """The default graphs mode (auto) compiles in the background and swaps in mid-run: only the eyas_*auto
-    systems run it, in the --graphs-cache directory; every other eyas system names its mode (eager unless
-    it is a graphs system)."""
+    systems run it, in the --graphs-cache directory, where the aot systems (built first) keep their packages;
+    every other eyas system names its mode (eager unless it is a graphs system)."""
+    from eyas.bench.peers import EYAS_OVERRIDES as ORDER
+
+    assert list(ORDER).index("eyas_adaptive_aot") < list(ORDER).index("eyas_auto")
     from eyas.bench.peers import EYAS_OVERRIDES, graphs_of
 
     modes = {name: [o for o in graphs_of(overrides, "/packages") if o.startswith("graphs.")]
              for name, overrides in EYAS_OVERRIDES.items()}
     assert modes["eyas"] == modes["eyas_adaptive"] == modes["eyas_k3"] == ["graphs.mode=eager"]
-    assert modes["eyas_aot"] == ["graphs.mode=aot"] and modes["eyas_graphs"] == ["graphs.mode=compile"]
+    assert modes["eyas_aot"] == ["graphs.mode=aot", "graphs.cache_dir=/packages"]
+    assert modes["eyas_graphs"] == ["graphs.mode=compile"]
     assert modes["eyas_auto"] == modes["eyas_adaptive_auto"] == ["graphs.mode=auto", "graphs.cache_dir=/packages"]
     assert all(len([o for o in m if o.startswith("graphs.mode=")]) == 1 for m in modes.values()), modes
 

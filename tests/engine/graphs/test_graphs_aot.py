@@ -20,6 +20,7 @@ from eyas.testing.checkpoints import write_llama
 
 GREEDY = SamplingParams(max_new_tokens=12, ignore_eos=True)
 SAMPLED = SamplingParams(max_new_tokens=12, ignore_eos=True, temperature=0.8, top_p=0.9, seed=7)
+MIXED = [GREEDY if i % 2 == 0 else SAMPLED for i in range(len(PROMPTS))]
 
 
 @pytest.mark.parametrize("prompts", [PROMPTS[:1], PROMPTS], ids=["one", "ragged-batch"])
@@ -76,6 +77,21 @@ def test_a_package_holds_no_weights_and_a_second_engine_loads_it_without_compili
     assert packages(aot_cache) == written  # nothing compiled again
     assert [o.token_ids for o in outs] == plain_reference(twin, PROMPTS, GREEDY)
     assert [o.token_ids for o in outs] != plain_reference(gqa_checkpoint, PROMPTS, GREEDY)
+
+
+def test_a_package_serves_a_pool_of_another_size(gqa_checkpoint, plain_reference, aot_cache):
+    """The KV pool's size is symbolic in a package: an engine with another cache config (a server's, a
+    benchmark's) loads the packages another compiled and decodes as eager does, writing into its own pool."""
+    with build_engine(engine_overrides(gqa_checkpoint, "none", *aot(aot_cache))) as eng:
+        eng.generate(PROMPTS[:2], GREEDY)
+    written = packages(aot_cache)
+    for pool in ("cache.max_total_tokens=1024", "cache.max_total_tokens=20480"):
+        with build_engine(engine_overrides(gqa_checkpoint, "none", *aot(aot_cache), pool)) as eng:
+            outs = eng.generate(PROMPTS, MIXED)
+            assert eng.worker.graph.num_runs > 0 and eng.worker.graph.forward(False)._fallback is None
+            assert eng.worker.runner.kv_pool.num_slots != 2048 and eng.scheduler.kv.all_free()
+        assert packages(aot_cache) == written  # loaded, not compiled again
+        assert [o.token_ids for o in outs] == plain_reference(gqa_checkpoint, PROMPTS, MIXED)
 
 
 @pytest.mark.slow  # an int8 target compiles through torch.compile: about a minute
