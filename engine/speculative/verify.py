@@ -74,9 +74,12 @@ class TargetVerifier:
         processed = logits = sampling.processed(out.logits, tree.tokens, None if tree.is_chain else tree.ancestor_mask())
         if grammar is not None:
             logits = grammar.apply(logits)
-        accept_lens, path, chosen = self.accept(logits, tree, sampling)
-        reach = torch.maximum(proposed.reach(), tree.reach())  # the drafter's positions and any the grammar filled
-        verified = self._verified(prefix_lens, tree, out, accept_lens, path, chosen, reach.tolist())
+        if n == 1 and grammar is None and not (self.mode == "rejection" and not sampling.all_greedy):
+            verified = self._undrafted(prefix_lens, out, self.sampler.sample(logits, sampling))
+        else:
+            accept_lens, path, chosen = self.accept(logits, tree, sampling)
+            reach = torch.maximum(proposed.reach(), tree.reach())  # the drafter's positions and any the grammar filled
+            verified = self._verified(prefix_lens, tree, out, accept_lens, path, chosen, reach.tolist())
         if grammar is not None:
             grammar.commit(verified.emitted)
         if any(r.params.logprobs is not None for r in requests):
@@ -104,6 +107,15 @@ class TargetVerifier:
                 return accept_lengths(drafts, target), chain_path, target
         accept_lens, path = walk_tree(tree, target, use_kernel=target.device.type == "cuda")
         return accept_lens, path, target.gather(1, path.clamp(min=0))
+
+    @staticmethod
+    def _undrafted(prefix_lens: list[int], out: ForwardOutput, chosen: torch.Tensor) -> Verified:
+        """A cycle at 0 steps (plain decoding through the verify path): each request emits the target's
+        choice [B, 1] at its one node, as `accept` and `_verified` would find, without their work."""
+        b = chosen.shape[0]
+        nodes = torch.zeros(b, 1, dtype=torch.int64, device=chosen.device)
+        return Verified(list(prefix_lens), chosen.tolist(), nodes, torch.ones(b, 1, dtype=torch.bool, device=chosen.device),
+                        torch.arange(b, device=chosen.device), out, [0] * b)
 
     @staticmethod
     def _verified(prefix_lens: list[int], tree: DraftTree, out: ForwardOutput, accept_lens: torch.Tensor,

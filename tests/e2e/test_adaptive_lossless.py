@@ -184,9 +184,9 @@ def test_held_draft_extend_equals_running_it_every_iteration(spec_pair):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
-def engine_with_policy(spec_pair, policy, *extra):
+def engine_with_policy(spec_pair, policy, *extra, kind="eagle"):
     target, heads = spec_pair
-    config = compose_config(engine_overrides(target, "eagle", "adaptive=throughput", TIERS, *extra, head=heads["eagle"]))
+    config = compose_config(engine_overrides(target, kind, "adaptive=throughput", TIERS, *extra, head=heads[kind]))
     container = build_container(config)
     container.make_policy.override(providers.Object(policy))
     return container.engine()
@@ -218,6 +218,25 @@ def test_sitting_out_holds_draft_work_per_row_and_a_new_request_starts_clean(spe
     assert rows == [0] and starts == [len(out.prompt_token_ids)] and tokens == [out.token_ids[1:]]
     assert features.shape[0] == len(out.token_ids) - 1
     assert len(calls) == 2  # the two prefills' draft-extends only
+
+
+def test_an_eagle3_head_projects_no_features_in_cycles_it_sits_out(spec_pair):
+    """At 0 steps an EAGLE-3 head's draft-extend is held with its three target layers unprojected ([n, 3H]):
+    a tier that sits at 0 never runs the head's fc; the catch-up before it next drafts projects them all."""
+    engine = engine_with_policy(spec_pair, lambda candidates, initial: CyclingPolicy([Candidate(0)], Candidate(0)),
+                                "adaptive.tiers=[{batch_size:8,candidates:[0,3]}]", kind="eagle3")
+    head = engine.worker.drafter.head
+    projected = []
+    fc = head.model.fc_proj
+    head.model.fc_proj = lambda x: projected.append(x.shape[0]) or fc(x)
+    out = engine.generate(["def add(a, b):"], SamplingParams(max_new_tokens=9, ignore_eos=True))[0]
+    assert projected == [len(out.prompt_token_ids)]  # the prefill's draft-extend only
+    assert engine.worker.drafter.deferred.take([0]) is None  # let go of when the request ended
+    hidden = engine.worker.target_runner.model.config.hidden_size
+    engine.worker.drafter.release = lambda request: None  # keep the held work of the next request
+    out = engine.generate(["import os"], SamplingParams(max_new_tokens=9, ignore_eos=True))[0]
+    _, _, tokens, features = engine.worker.drafter.deferred.take([0])
+    assert tokens == [out.token_ids[1:]] and features.shape == (len(out.token_ids) - 1, 3 * hidden)
 
 
 def test_throughput_policy_gets_every_phase_time(spec_pair):
@@ -267,18 +286,22 @@ def test_catching_up_on_cycles_sat_out_runs_before_drafting(spec_pair):
                                               (Candidate(4, drafter="ngram"), Candidate(3)),
                                               (Candidate(4, drafter="ngram"), Candidate(3, 2, 6))],
                          ids=["0 steps, chain", "0 steps, tree", "n-gram, chain", "n-gram, tree"])
-def test_draft_kv_after_sitting_out_equals_always_extending(spec_pair, sat_out, drafting):
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_draft_kv_after_sitting_out_equals_always_extending(spec_pair, sat_out, drafting, kind):
     """Switching every cycle between a candidate where the head sits out (0 steps, or n-gram lookup
     drafting) and one where it drafts (a chain or a tree) leaves the draft KV of every committed position
-    as drafting throughout does: held work is replayed, all of it, at the right positions."""
+    as drafting throughout does: held work is replayed, all of it, at the right positions (an EAGLE-3
+    head's held features unprojected until then)."""
     tiers = ("adaptive.tiers=[{batch_size:8,candidates:[0,3,{num_steps:3,topk:2,num_draft_tokens:6},"
              "{drafter:ngram,num_steps:4}]}]")
     pools = []
     for order in ([sat_out, drafting], [drafting]):
-        engine = engine_with_policy(spec_pair, lambda candidates, initial: CyclingPolicy(order, order[0]), tiers)
+        engine = engine_with_policy(spec_pair, lambda candidates, initial: CyclingPolicy(order, order[0]), tiers,
+                                    kind=kind)
         out = engine.generate(["class Point:\n    def __init__(self, x, y):"], SamplingParams(max_new_tokens=40,
                                                                                                 ignore_eos=True))[0]
-        held = engine.worker.drafter.eagle.deferred.take([0])  # the hybrid's head
+        drafter = engine.worker.drafter
+        held = getattr(drafter, "eagle", drafter).deferred.take([0])  # the hybrid's head, or the head's own
         covered = held[1][0] if held is not None else len(out.prompt_token_ids) + len(out.token_ids) - 1
         pool = engine.worker.drafter.head.runner.kv_pool  # one request from an empty pool: slot = position
         # what waits is at most the last cycle's tokens: nothing held was left behind by a drafting cycle

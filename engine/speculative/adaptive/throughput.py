@@ -21,7 +21,10 @@ is not a chain: the best chain), then each other candidate. A probe estimated mo
 `PROBE_MARGIN` below the best is skipped for the next in turn, unless it has not run for
 `STALE_UPDATES` updates (an estimate from a few cycles of bursty acceptance, n-gram lookup's above
 all, must not rule a candidate out for good; a tree's or another drafter's sooner, and its estimate
-stands only after `MIN_OWN_CYCLES` cycles). Probes refresh the acceptance of a deeper position, a
+stands only after `MIN_OWN_CYCLES` cycles) and the seconds it would lose (an interval at its cycle time, at
+the rate it falls short of the best by) are within `PROBE_BUDGET` of the seconds run since it last ran: at
+batch 8 a suffix probe of 8 steps cost 5.8 zero-step cycles at half their rate, and stale probes every
+25 updates spent 12% of the time there. Probes refresh the acceptance of a deeper position, a
 neighbour's cost, or another candidate's acceptance on the current text. The state lives as long as
 the engine: later `generate` calls start from what earlier ones measured.
 """
@@ -42,6 +45,8 @@ STALE_UPDATES = 100  # ... or one that has not run for this many updates, whatev
 # ... sooner for another drafter or a tree, whose acceptance only its own cycles measure: a suffix index
 # fills as requests come, so a drafter that found nothing in its first cycles can be the best a few requests later
 STALE_OTHER_UPDATES = 25
+# ... and only while what such probes lose stays within this share of the time run (estimated: see `_probe_fits`)
+PROBE_BUDGET = 0.02
 # another drafter's or a tree's estimate stands once measured over this many cycles (before that: unmeasured,
 # probed in turn): a first impression of two cycles, taken before any text repeated, must not rule it out
 MIN_OWN_CYCLES = 6
@@ -76,6 +81,8 @@ class ThroughputPolicy:
         self.updates = 0
         self._probe_turn = 0
         self._last_run: dict[Candidate, int] = {}  # candidate -> `updates` when it last ran
+        self.seconds_run = 0.0  # the cycles' seconds observed so far
+        self._last_run_s: dict[Candidate, float] = {}  # candidate -> `seconds_run` when it last ran
 
     @property
     def choice(self) -> Candidate:
@@ -90,6 +97,8 @@ class ThroughputPolicy:
         self._last_run[candidate] = self.updates
         # catching the head up on cycles it sat out is a cost of switching, not of this candidate
         seconds = sum(t for phase, t in timings.items() if phase != CATCH_UP_PHASE)
+        self.seconds_run += seconds
+        self._last_run_s[candidate] = self.seconds_run
         self.costs.observe(candidate, self.batch_size, seconds)
         self.cycles += 1
         if self.cycles % self.update_interval == 0:
@@ -162,8 +171,18 @@ class ThroughputPolicy:
         self._probe_turn += 1
         floor = (1 - PROBE_MARGIN) * (rates[self.best] or 0.0)
         for c in order[start:] + order[:start]:
-            after = STALE_UPDATES if c.is_configured_chain else STALE_OTHER_UPDATES
-            stale = self.updates - self._last_run.get(c, -after) >= after
-            if rates[c] is None or rates[c] >= floor or stale:
+            if rates[c] is None or rates[c] >= floor or self._stale_probe_fits(c, rates):
                 return c
         return None
+
+    def _stale_probe_fits(self, candidate: Candidate, rates: dict) -> bool:
+        """A candidate estimated below the probe floor is probed again once it has not run for its stale
+        updates, and once the seconds the probe would lose fit `PROBE_BUDGET` of the seconds run since it ran."""
+        after = STALE_UPDATES if candidate.is_configured_chain else STALE_OTHER_UPDATES
+        if self.updates - self._last_run.get(candidate, -after) < after:
+            return False
+        seconds, best = self.cycle_seconds(candidate, self.batch_size), rates[self.best]
+        if seconds is None or not best:
+            return True
+        loss = self.update_interval * seconds * (1 - rates[candidate] / best)
+        return self.seconds_run - self._last_run_s.get(candidate, 0.0) >= loss / PROBE_BUDGET

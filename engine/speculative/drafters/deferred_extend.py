@@ -20,7 +20,7 @@ import torch
 class _Held:
     start: int  # position of the first held token
     tokens: list[int] = field(default_factory=list)
-    features: list[torch.Tensor] = field(default_factory=list)  # [n_i, H] chunks
+    features: list[torch.Tensor] = field(default_factory=list)  # [n_i, F] chunks (the drafter's choice of F)
     sat_out: bool = False  # some of it was held while the head sat out
 
 
@@ -38,7 +38,7 @@ class DeferredExtend:
 
     def hold(self, rows: list[int], prefix_lens: list[int], tokens: list[list[int]], features: torch.Tensor,
              sat_out: bool = True) -> None:
-        """features: [sum(len(t) for t in tokens), H], packed in request order. sat_out: held because the
+        """features: [sum(len(t) for t in tokens), F], packed in request order. sat_out: held because the
         head sat out (False: skipped by the hybrid rule)."""
         offset = 0
         for row, start, toks in zip(rows, prefix_lens, tokens):

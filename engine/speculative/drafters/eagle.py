@@ -3,8 +3,8 @@
 After the target's prefill the head runs draft-extend over each prompt shifted by one (token t_{j+1}
 with the target's feature f_j), so it can propose the token after the first sampled one. Each cycle it
 drafts from its last output, and after verify it runs draft-extend over the accepted path. At 0 steps
-(plain decoding through the verify path) that draft-extend is held (`DeferredExtend`) and caught up
-in one forward before the head next drafts.
+(plain decoding through the verify path) that draft-extend is held (`DeferredExtend`), its target
+features unprojected, and caught up in one forward before the head next drafts.
 """
 
 import torch
@@ -77,7 +77,8 @@ class EagleDrafter:
         """One draft-extend over the work held for these rows brings the draft KV up to date."""
         held = self.deferred.take(rows)
         if held is not None:
-            self.head.extend(*held)
+            rows, starts, tokens, unprojected = held
+            self.head.extend(rows, starts, tokens, self.head.project_features(unprojected))
 
     def extend_verified(self, requests: list[Request], verified: Verified) -> None:
         """Draft-extend over the accepted path: request i's emitted tokens from its prefix length, each with
@@ -87,7 +88,9 @@ class EagleDrafter:
     def hold(self, requests: list[Request], verified: Verified, sat_out: bool) -> None:
         """Hold that draft-extend until the head next drafts (sat_out: the head sat the cycle out, rather
         than a rule of the drafter's skipping it)."""
-        self.deferred.hold([r.row for r in requests], verified.prefix_lens, verified.emitted, self._features(verified),
+        out, keep = verified.out, verified.keep
+        self.deferred.hold([r.row for r in requests], verified.prefix_lens, verified.emitted,
+                           self.head.unprojected_features(out.hidden[keep], [a[keep] for a in out.aux_hidden]),
                            sat_out=sat_out)
 
     def _features(self, verified: Verified) -> torch.Tensor:

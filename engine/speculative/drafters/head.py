@@ -47,6 +47,16 @@ class DraftHead:
     def target_features(self, hidden: torch.Tensor, aux: list[torch.Tensor]) -> torch.Tensor:
         return self.model.target_features(hidden, aux)
 
+    def unprojected_features(self, hidden: torch.Tensor, aux: list[torch.Tensor]) -> torch.Tensor:
+        """What `target_features` computes from, as one tensor: an EAGLE-3 head's three target layers
+        ([N, 3H], projected by its `fc`), another head's final hidden state. Held work keeps these, so a
+        tier that sits at 0 steps never projects them and a catch-up projects them in one GEMM."""
+        return torch.cat(aux, dim=-1) if self.model.kind == "eagle3" else hidden
+
+    def project_features(self, unprojected: torch.Tensor) -> torch.Tensor:
+        """`target_features` of what `unprojected_features` kept."""
+        return self.model.target_features(unprojected, [unprojected] if self.model.kind == "eagle3" else [])
+
     def features_input(self, hidden: torch.Tensor) -> dict:
         """The previous step's hidden as a draft step's features; a standalone LM reads none."""
         return {} if self.model.kind == "lm" else {"features": hidden}

@@ -1,5 +1,6 @@
 """The step-count policies on synthetic accept counts and costs, and the controller's tiers and metrics."""
 
+import math
 import random
 
 import pytest
@@ -8,8 +9,8 @@ from eyas.engine.phase_clock import CATCH_UP_PHASE
 from eyas.engine.speculative.adaptive.acceptance import AcceptanceModel
 from eyas.engine.speculative.adaptive.controller import AdaptiveController
 from eyas.engine.speculative.adaptive.ema import EmaPolicy
-from eyas.engine.speculative.adaptive.throughput import (MIN_OWN_CYCLES, STALE_OTHER_UPDATES, SWITCH_MARGIN,
-                                                   ThroughputPolicy)
+from eyas.engine.speculative.adaptive.throughput import (MIN_OWN_CYCLES, PROBE_BUDGET, STALE_OTHER_UPDATES,
+                                                   SWITCH_MARGIN, ThroughputPolicy)
 from eyas.engine.speculative.adaptive.tiers import Tier, build_tiers, tier_index
 from eyas.engine.speculative.candidate import Candidate
 
@@ -520,19 +521,43 @@ def test_a_few_early_misses_deep_in_the_chain_do_not_lock_the_policy_at_one_step
 def test_a_candidate_ruled_out_early_is_probed_again_once_stale():
     """Bad cycles of a bursty drafter put its estimate far below the best once it stands (after
     MIN_OWN_CYCLES cycles: until then it is probed in turn); then it is skipped by the probes until it
-    has not run for STALE_OTHER_UPDATES updates, and measured again."""
+    has not run for STALE_OTHER_UPDATES updates and its probe's loss fits PROBE_BUDGET of the time since,
+    and measured again."""
     p = ThroughputPolicy((C(3), NGRAM), C(3), AcceptanceModel(0.9), ema_alpha=0.3, update_interval=1,
                          probe_interval=1)
+    # a cycle takes 1 s either way; n-gram's rate is a quarter of k = 3's: a probe loses 0.75 s
+    wait = max(STALE_OTHER_UPDATES, math.ceil(0.75 / PROBE_BUDGET))
     runs = []
-    for _ in range(MIN_OWN_CYCLES * 2 + 4 * STALE_OTHER_UPDATES):
+    for _ in range(MIN_OWN_CYCLES * 2 + 4 * wait):
         c = p.choice
         runs.append(c)
         p.observe(c, [0] if c == NGRAM else [3], {"verify": 1.0})  # n-gram found nothing to draft
     at = [i for i, c in enumerate(runs) if c == NGRAM]
     assert at[0] <= 2 and len(at) >= MIN_OWN_CYCLES + 3  # explored, then probed again and again
     measured = at[MIN_OWN_CYCLES - 1:]  # its estimate stands from here
-    assert all(b - a >= STALE_OTHER_UPDATES for a, b in zip(measured, measured[1:]))  # probed only once stale
-    assert all(b - a <= 2 * STALE_OTHER_UPDATES for a, b in zip(measured, measured[1:]))  # but probed
+    assert all(b - a >= wait for a, b in zip(measured, measured[1:]))  # probed only once stale and paid for
+    assert all(b - a <= wait + 2 for a, b in zip(measured, measured[1:]))  # but probed
+
+
+def test_probes_of_a_costly_candidate_estimated_far_below_the_best_stay_within_the_probe_budget():
+    """At batch 8 a suffix cycle of 8 steps took 5.8 zero-step cycles at half their rate: its stale probes
+    (every STALE_OTHER_UPDATES updates) spent 12% of the time. The seconds such probes lose stay within
+    PROBE_BUDGET of the time run, and it is still probed now and then."""
+    suffix = Candidate(8, drafter="suffix")
+    p = ThroughputPolicy((C(0), C(1), suffix), C(0), AcceptanceModel(0.9), ema_alpha=0.3, update_interval=2,
+                         probe_interval=6)
+    seconds = {C(0): 1.0, C(1): 1.5, suffix: 6.0}
+    accepted = {C(0): 0, C(1): 0, suffix: 2}  # k = 1 drafts nothing that lands; suffix 3 tokens in 6 s
+    spent = {c: 0.0 for c in seconds}
+    for cycle in range(3000):
+        c = p.choice
+        if cycle >= 200:  # after exploration
+            spent[c] += seconds[c]
+        p.observe(c, [accepted[c]], {"verify": seconds[c]})
+    total = sum(spent.values())
+    lost = spent[suffix] * (1 - (3 / 6.0) / 1.0) + spent[C(1)] * (1 - (1 / 1.5) / 1.0)
+    assert spent[suffix] >= 5 * 2 * 6.0  # probed again and again
+    assert lost / total <= 1.5 * PROBE_BUDGET, (lost / total, spent)
 
 
 def test_another_drafters_averages_weigh_its_first_cycles_alike_and_move_slowly_after():
