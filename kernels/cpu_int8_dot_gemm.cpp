@@ -223,11 +223,15 @@ inline __m256i broadcast4(const int8_t* p) {
   return _mm256_set1_epi32(v);
 }
 
-template <int R, int B, int Bits>
-void tile_avx2(const QuantizedRows& q, int64_t row0, int64_t k_size, const uint8_t* codes, int64_t block_bytes,
-               const c10::Half* scales, const c10::Half* offsets, int64_t block_params, float* acc_out) {
-  const int64_t groups = k_size / kGroup, group_bytes = Bits == 4 ? 256 : 512;
-  const __m256i nibble = _mm256_set1_epi8(15), flip = _mm256_set1_epi8(static_cast<char>(0x80));
+// 4-bit codes: a byte pair's products stay within 2 * 15 * 127 = 3810, so a group's 8 maddubs results are summed
+// in int16 (at most 30480, exact) and widened once per group: one add a step instead of madd and add, and the
+// row broadcasts are taken once per step for every block. 4 rows x 1 block keeps its 8 sums, 4 broadcasts,
+// the codes and the mask in 14 of AVX2's 16 registers.
+template <int R, int B>
+void tile_avx2_q4(const QuantizedRows& q, int64_t row0, int64_t k_size, const uint8_t* codes, int64_t block_bytes,
+                  const c10::Half* scales, const c10::Half* offsets, int64_t block_params, float* acc_out) {
+  const int64_t groups = k_size / kGroup;
+  const __m256i nibble = _mm256_set1_epi8(15);
   __m256 acc[R][B][2];
   for (int r = 0; r < R; ++r)
     for (int b = 0; b < B; ++b) acc[r][b][0] = acc[r][b][1] = _mm256_setzero_ps();
@@ -237,18 +241,67 @@ void tile_avx2(const QuantizedRows& q, int64_t row0, int64_t k_size, const uint8
       for (int b = 0; b < B; ++b) sum[r][b][0] = sum[r][b][1] = _mm256_setzero_si256();
     const int8_t* xq[R];
     for (int r = 0; r < R; ++r) xq[r] = q.xq.data() + (row0 + r) * k_size + g * kGroup;
-    for (int p = 0; p < 8; ++p) {  // 4-bit: the low nibbles of row p / 2 for even p, the high ones for odd
+    for (int p = 0; p < 8; ++p) {  // the low nibbles of row p / 2 for even p, the high ones for odd
+      __m256i x[R];
+      for (int r = 0; r < R; ++r) x[r] = broadcast4(xq[r] + 4 * p);
       for (int b = 0; b < B; ++b) {
-        const uint8_t* row = codes + b * block_bytes + g * group_bytes + (Bits == 4 ? (p / 2) * 64 : p * 64);
+        const uint8_t* row = codes + b * block_bytes + g * 256 + (p / 2) * 64;
         for (int h = 0; h < 2; ++h) {
           __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 32 * h));
-          if (Bits == 4) w = _mm256_and_si256(p % 2 ? _mm256_srli_epi16(w, 4) : w, nibble);
-          const __m256i signed_w = _mm256_xor_si256(w, flip);  // 8-bit: code - 128, the file's value
-          for (int r = 0; r < R; ++r) {
-            const __m256i x = broadcast4(xq[r] + 4 * p);
-            sum[r][b][h] = Bits == 4 ? dot4(sum[r][b][h], w, x)
-                                     : dot4(sum[r][b][h], _mm256_abs_epi8(signed_w), _mm256_sign_epi8(x, signed_w));
-          }
+          w = _mm256_and_si256(p % 2 ? _mm256_srli_epi16(w, 4) : w, nibble);
+          for (int r = 0; r < R; ++r) sum[r][b][h] = _mm256_add_epi16(sum[r][b][h], _mm256_maddubs_epi16(w, x[r]));
+        }
+      }
+    }
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int b = 0; b < B; ++b) {
+      for (int h = 0; h < 2; ++h) {
+        const int64_t p = b * block_params + g * kBlock + 8 * h;
+        const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + p)));
+        const __m256 offset = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(offsets + p)));
+        for (int r = 0; r < R; ++r) {
+          const int64_t i = (row0 + r) * groups + g;
+          const __m256i dot = _mm256_madd_epi16(sum[r][b][h], ones);
+          acc[r][b][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(scale, _mm256_set1_ps(q.dx[i])),
+                                         acc[r][b][h]);
+          acc[r][b][h] = _mm256_fmadd_ps(offset, _mm256_set1_ps(q.dxs[i]), acc[r][b][h]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b)
+      for (int h = 0; h < 2; ++h) _mm256_storeu_ps(acc_out + (r * B + b) * kBlock + 8 * h, acc[r][b][h]);
+}
+
+template <int R, int B, int Bits>
+void tile_avx2(const QuantizedRows& q, int64_t row0, int64_t k_size, const uint8_t* codes, int64_t block_bytes,
+               const c10::Half* scales, const c10::Half* offsets, int64_t block_params, float* acc_out) {
+  if constexpr (Bits == 4) {
+    return tile_avx2_q4<R, B>(q, row0, k_size, codes, block_bytes, scales, offsets, block_params, acc_out);
+  }
+  // 8-bit codes: taken as |w| against sign(w) * xq (at most 2 * 128 * 127 a byte pair), widened every step
+  const int64_t groups = k_size / kGroup, group_bytes = 512;
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  __m256 acc[R][B][2];
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b) acc[r][b][0] = acc[r][b][1] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    __m256i sum[R][B][2];
+    for (int r = 0; r < R; ++r)
+      for (int b = 0; b < B; ++b) sum[r][b][0] = sum[r][b][1] = _mm256_setzero_si256();
+    const int8_t* xq[R];
+    for (int r = 0; r < R; ++r) xq[r] = q.xq.data() + (row0 + r) * k_size + g * kGroup;
+    for (int p = 0; p < 8; ++p) {
+      __m256i x[R];  // taken once per step for every block
+      for (int r = 0; r < R; ++r) x[r] = broadcast4(xq[r] + 4 * p);
+      for (int b = 0; b < B; ++b) {
+        const uint8_t* row = codes + b * block_bytes + g * group_bytes + p * 64;
+        for (int h = 0; h < 2; ++h) {
+          const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 32 * h));
+          const __m256i signed_w = _mm256_xor_si256(w, flip);  // code - 128, the file's value
+          const __m256i magnitude = _mm256_abs_epi8(signed_w);
+          for (int r = 0; r < R; ++r) sum[r][b][h] = dot4(sum[r][b][h], magnitude, _mm256_sign_epi8(x[r], signed_w));
         }
       }
     }

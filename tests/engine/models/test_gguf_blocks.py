@@ -92,6 +92,24 @@ def test_int8_kernel_matches_its_reference_and_computes_rows_alone(kind, rows, f
     assert (alone - dense).abs().max() < 0.02 * dense.abs().max()
 
 
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("sign", [1, -1])
+def test_int8_kernel_is_exact_at_the_largest_codes_and_activations(kind, sign):
+    """The largest products a group can sum (every code at its type's extreme, every activation at +-127
+    after quantization): the AVX2 loop sums a 4-bit group's byte pairs in int16 (at most 8 x 3810 = 30480)
+    and must not wrap; the result is the exact integer dot product's, at 1 to 6 rows."""
+    rows, fan_in = 48, 128
+    codes = torch.full((rows, fan_in), -128 if kind == "Q8_0" else 15, dtype=torch.int32)
+    scale = torch.full((rows, fan_in // 32), 2.0 ** -10)
+    offset = torch.zeros_like(scale) if kind != "Q4_0" else -8 * scale
+    blocks = Blocks(kind, codes, scale, offset)
+    ours = GgufBlockWeights([blocks], None, int8_activations=True)
+    x = torch.full((6, fan_in), float(sign))  # quantizes to 127 (or -127) everywhere, scale 1 / 127
+    expected = cpu_int8_dot_gemm.reference(x, codes, scale, offset)
+    for m in range(1, 7):
+        torch.testing.assert_close(ours(x[:m]), expected[:m], rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("int8_activations", [False, True])
 def test_fused_members_stack_along_the_outputs(int8_activations):
     """q / k / v (Q4_0 and Q4_1 mixed) as one weight: each member's columns as its own projection."""
