@@ -83,6 +83,7 @@ class TargetVerifier:
         if grammar is not None:
             grammar.commit(verified.emitted)
         if any(r.params.logprobs is not None for r in requests):
+            path = verified.path
             rows = (torch.arange(b, device=path.device)[:, None] * n + path).tolist()
             logprobs.record(requests, processed, [row[:len(e)] for row, e in zip(rows, verified.emitted)],
                             verified.emitted)
