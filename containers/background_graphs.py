@@ -34,7 +34,17 @@ def background_graphs(settings: GraphSettings, container, config: Config, max_ba
                     "on for quantized activations and half precision), which graphs do only in float32 on a CPU")
         return None
     return BackgroundGraphs(install=partial(install_runners, container, config.speculative.algorithm, max_batch_size),
-                            start_compiler=partial(start_compiler, config))
+                            start_compiler=partial(start_compiler, config),
+                            packages_since=partial(packages_since, package_dir(config.graphs.cache_dir)))
+
+
+def packages_since(directory, since: float) -> int:
+    """Whole packages (`*.pt2`, written by a rename when complete) in `directory` modified since `since`."""
+    try:
+        return sum(1 for p in directory.glob("*.pt2") if not p.name.endswith(".partial.pt2")
+                   and p.stat().st_mtime >= since)
+    except OSError:  # a package replaced or removed while listed
+        return 0
 
 
 def install_runners(container, algorithm: str, max_batch_size: int) -> bool | None:

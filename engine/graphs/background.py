@@ -10,7 +10,8 @@ a start that finds them all on disk swaps them in before its first step.
 
 `install` swaps the runners in (the workers' `install_graphs`, a rebinding of their runtime states) and
 says whether it did (None: not now, asked again at a later step); it loads packages only, never compiles.
-`start_compiler` starts the process and returns it (a `subprocess.Popen`).
+`start_compiler` starts the process and returns it (a `subprocess.Popen`); `packages_since` counts the
+packages written since a time, the compile's progress (logged as it grows, and in the metrics).
 """
 
 import logging
@@ -25,9 +26,13 @@ STATES = ("eager", "compiling", "graphs", "failed")  # `state`: eager until star
 
 
 class BackgroundGraphs:
-    def __init__(self, install: Callable[[], bool | None], start_compiler: Callable[[], object], poll_interval_s: float = 0.5):
+    def __init__(self, install: Callable[[], bool | None], start_compiler: Callable[[], object], poll_interval_s: float = 0.5,
+                 packages_since: Callable[[float], int] = lambda since: 0):
         self.install = install
         self.start_compiler = start_compiler
+        self.packages_since = packages_since  # packages written since a time.time(): the compile's progress
+        self.packages_written = 0
+        self._started_wall = 0.0
         self.poll_interval_s = poll_interval_s  # a step checks the process at most this often
         self.state = "eager"
         self.compiler = None  # the compiling process, while it runs
@@ -49,6 +54,7 @@ class BackgroundGraphs:
         if installed:
             self._swapped("loaded from an earlier run")
             return
+        self._started_wall = time.time()
         self.compiler = self.start_compiler()
         self.started_at = time.perf_counter()
         self.state = "compiling"
@@ -62,6 +68,7 @@ class BackgroundGraphs:
             return
         self._next_poll = time.perf_counter() + self.poll_interval_s
         if self.compiler is not None:
+            self._progress()
             self.exit_code = self.compiler.poll()
             if self.exit_code is None:
                 return
@@ -79,6 +86,13 @@ class BackgroundGraphs:
                         f"exited with {self.exit_code}" if self.exit_code else "left packages that do not load",
                         self.compile_s)
 
+    def _progress(self) -> None:
+        written = self.packages_since(self._started_wall)
+        if written > self.packages_written:
+            self.packages_written = written
+            log.info("graphs.mode=auto: %d graph package%s compiled in the background so far (%.0f s)", written,
+                     "" if written == 1 else "s", time.perf_counter() - self.started_at)
+
     def _swapped(self, how: str) -> None:
         self.state = "graphs"
         self.swapped_at_step = self._steps
@@ -87,7 +101,8 @@ class BackgroundGraphs:
     def stats(self) -> dict:
         running = self.compiler is not None
         return {"graphs_state": self.state,
-                "graphs_compile_s": time.perf_counter() - self.started_at if running else self.compile_s}
+                "graphs_compile_s": time.perf_counter() - self.started_at if running else self.compile_s,
+                "graphs_packages_compiled": self.packages_written}
 
     def close(self) -> None:
         """The engine is closing: a compile still running goes on, so that the next start loads its packages."""

@@ -46,6 +46,8 @@ class ServerMetrics:
                                                 lambda: float(graphs.state == "graphs"))
             gauges["eyas_graphs_compile_seconds"] = ("Seconds the background compile of the graph runners ran (so far)",
                                                      lambda: graphs.stats()["graphs_compile_s"])
+            gauges["eyas_graphs_packages_compiled"] = ("Graph packages the background compile has written (so far)",
+                                                       lambda: float(graphs.packages_written))
         for name, (doc, read) in gauges.items():
             Gauge(name, doc, registry=registry).set_function(read)
 

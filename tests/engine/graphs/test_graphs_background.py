@@ -7,7 +7,10 @@ The compiling process is stood in for here (`FakeCompiler`): the packages come f
 same config, as the process would write them. The process itself runs in the slow CLI test.
 """
 
+import functools
 import importlib.util
+import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -224,3 +227,29 @@ def test_the_compiling_process_lowers_its_sessions_autogroup_as_well_as_its_nice
     assert ran.returncode == 0, ran.stderr
     nice, autogroup = ran.stdout.split(maxsplit=1)
     assert nice == "19" and autogroup.split()[-1] == "19", ran.stdout
+
+
+def test_the_compiles_progress_is_logged_and_counted_as_its_packages_land(tmp_path, caplog):
+    """The packages the background process has written so far are its progress: logged as they grow, in
+    the engine's metrics (`graphs_packages_compiled`) and the server's `/metrics`; counted from the package
+    directory (whole packages only, written since the compile started)."""
+    directory = tmp_path / "eyas-aot"
+    directory.mkdir()
+    old = directory / "old.pt2"
+    old.write_bytes(b"x")
+    os.utime(old, (1, 1))  # an earlier run's package
+    graphs = BackgroundGraphs(install=lambda: False, start_compiler=FakeCompiler, poll_interval_s=0,
+                              packages_since=functools.partial(background_graphs.packages_since, directory))
+    with caplog.at_level(logging.INFO, logger="eyas.graphs"):
+        graphs.start()
+        graphs.poll()
+        assert graphs.stats()["graphs_packages_compiled"] == 0
+        (directory / "a.pt2").write_bytes(b"x")
+        (directory / "b.123.partial.pt2").write_bytes(b"x")  # being written
+        graphs.poll()
+        assert graphs.stats()["graphs_packages_compiled"] == 1
+        (directory / "b.pt2").write_bytes(b"x")
+        graphs.poll()
+    assert graphs.stats()["graphs_packages_compiled"] == 2 and graphs.state == "compiling"
+    assert "1 graph package compiled in the background so far" in caplog.text
+    assert "2 graph packages compiled in the background so far" in caplog.text
