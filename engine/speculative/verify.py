@@ -48,6 +48,7 @@ class TargetVerifier:
         self.req_to_token = req_to_token
         self.sampler = sampler
         self.mode = mode  # "reproducible" | "rejection"
+        self._one_node: dict = {}  # (B, device) -> a zero-step cycle's path, on_path and keep
 
     def verify(self, requests: list[Request], tree: DraftTree, sampling: SamplingBatch, state) -> Verified:
         """One target forward over `tree` ([B, N] nodes after each request's committed tokens) on the
@@ -109,14 +110,16 @@ class TargetVerifier:
         accept_lens, path = walk_tree(tree, target, use_kernel=target.device.type == "cuda")
         return accept_lens, path, target.gather(1, path.clamp(min=0))
 
-    @staticmethod
-    def _undrafted(prefix_lens: list[int], out: ForwardOutput, chosen: torch.Tensor) -> Verified:
+    def _undrafted(self, prefix_lens: list[int], out: ForwardOutput, chosen: torch.Tensor) -> Verified:
         """A cycle at 0 steps (plain decoding through the verify path): each request emits the target's
         choice [B, 1] at its one node, as `accept` and `_verified` would find, without their work."""
-        b = chosen.shape[0]
-        nodes = torch.zeros(b, 1, dtype=torch.int64, device=chosen.device)
-        return Verified(list(prefix_lens), chosen.tolist(), nodes, torch.ones(b, 1, dtype=torch.bool, device=chosen.device),
-                        torch.arange(b, device=chosen.device), out, [0] * b)
+        b, device = chosen.shape[0], chosen.device
+        path = self._one_node.get((b, device))
+        if path is None:  # one node per request: the same read-only (path, on_path, keep) every cycle
+            path = self._one_node[(b, device)] = (torch.zeros(b, 1, dtype=torch.int64, device=device),
+                                                  torch.ones(b, 1, dtype=torch.bool, device=device),
+                                                  torch.arange(b, device=device))
+        return Verified(list(prefix_lens), chosen.tolist(), *path, out, [0] * b)
 
     @staticmethod
     def _verified(prefix_lens: list[int], tree: DraftTree, out: ForwardOutput, accept_lens: torch.Tensor,

@@ -18,15 +18,17 @@ then every `update_interval` cycles takes the best estimate (when it beats the c
 than `SWITCH_MARGIN`: estimates within that of each other are noise on this machine). Every
 `probe_interval` updates it spends one interval on a probe, in turn: the chain above the best, the chain below it (when the best
 is not a chain: the best chain), then each other candidate. A probe estimated more than
-`PROBE_MARGIN` below the best is skipped for the next in turn, unless it has not run for
-`STALE_UPDATES` updates (an estimate from a few cycles of bursty acceptance, n-gram lookup's above
-all, must not rule a candidate out for good; a tree's or another drafter's sooner, and its estimate
-stands only after `MIN_OWN_CYCLES` cycles) and the seconds it would lose (an interval at its cycle time, at
-the rate it falls short of the best by) are within `PROBE_BUDGET` of the seconds run since it last ran: at
-batch 8 a suffix probe of 8 steps cost 5.8 zero-step cycles at half their rate, and stale probes every
-25 updates spent 12% of the time there. Probes refresh the acceptance of a deeper position, a
-neighbour's cost, or another candidate's acceptance on the current text. The state lives as long as
-the engine: later `generate` calls start from what earlier ones measured.
+`PROBE_MARGIN` below the best is skipped for the next in turn; when all are, the one that has waited
+longest runs once it has not run for `STALE_UPDATES` updates (an estimate from a few cycles of bursty
+acceptance, n-gram lookup's above all, must not rule a candidate out for good; a tree's or another
+drafter's sooner, and its estimate stands only after `MIN_OWN_CYCLES` cycles) and the seconds it would
+lose (an interval at its cycle time, at the rate it falls short of the best by, and the catch-up of the
+draft head when the best does not run it) fit, with what every such probe lost before, within
+`PROBE_BUDGET` of the seconds run: at batch 8 a suffix probe of 8 steps cost 5.8 zero-step cycles at half
+their rate, and stale probes every 25 updates spent 12% of the time there; at batch 32 probes of 1 and
+2 steps from 0, each after a catch-up over every token held since, spent 6%. Probes refresh the
+acceptance of a deeper position, a neighbour's cost, or another candidate's acceptance on the current
+text. The state lives as long as the engine: later `generate` calls start from what earlier ones measured.
 """
 
 from eyas.engine.phase_clock import CATCH_UP_PHASE
@@ -45,7 +47,7 @@ STALE_UPDATES = 100  # ... or one that has not run for this many updates, whatev
 # ... sooner for another drafter or a tree, whose acceptance only its own cycles measure: a suffix index
 # fills as requests come, so a drafter that found nothing in its first cycles can be the best a few requests later
 STALE_OTHER_UPDATES = 25
-# ... and only while what such probes lose stays within this share of the time run (estimated: see `_probe_fits`)
+# ... and only while what such probes lose, all together, stays within this share of the time run (`_stale_probe_fits`)
 PROBE_BUDGET = 0.02
 # another drafter's or a tree's estimate stands once measured over this many cycles (before that: unmeasured,
 # probed in turn): a first impression of two cycles, taken before any text repeated, must not rule it out
@@ -82,7 +84,8 @@ class ThroughputPolicy:
         self._probe_turn = 0
         self._last_run: dict[Candidate, int] = {}  # candidate -> `updates` when it last ran
         self.seconds_run = 0.0  # the cycles' seconds observed so far
-        self._last_run_s: dict[Candidate, float] = {}  # candidate -> `seconds_run` when it last ran
+        self.probe_loss_s = 0.0  # the seconds stale probes were estimated to lose, all together
+        self.catch_up_s: float | None = None  # average seconds of a catch-up of the draft head (after it sat out)
 
     @property
     def choice(self) -> Candidate:
@@ -97,8 +100,11 @@ class ThroughputPolicy:
         self._last_run[candidate] = self.updates
         # catching the head up on cycles it sat out is a cost of switching, not of this candidate
         seconds = sum(t for phase, t in timings.items() if phase != CATCH_UP_PHASE)
-        self.seconds_run += seconds
-        self._last_run_s[candidate] = self.seconds_run
+        self.seconds_run += seconds + timings.get(CATCH_UP_PHASE, 0.0)
+        caught_up = timings.get(CATCH_UP_PHASE, 0.0)
+        if caught_up > 0 and candidate.num_steps > 0:  # a draft over held work ran (a lap at 0 steps times nothing)
+            self.catch_up_s = caught_up if self.catch_up_s is None else \
+                self.alpha * caught_up + (1 - self.alpha) * self.catch_up_s
         self.costs.observe(candidate, self.batch_size, seconds)
         self.cycles += 1
         if self.cycles % self.update_interval == 0:
@@ -163,7 +169,9 @@ class ThroughputPolicy:
         return list(neighbours) + [c for c in self.others if c != self.best]
 
     def _probe(self, rates: dict) -> Candidate | None:
-        """The next candidate in turn worth an interval (unmeasured, estimated close to the best, or stale)."""
+        """The next candidate in turn worth an interval (unmeasured or estimated close to the best); else the
+        one below the floor that has waited longest, once stale and paid for (one queue: a costly probe,
+        a chain's after a long catch-up, is not starved by cheaper ones spending the budget first)."""
         order = self._probe_order(rates)
         if not order:
             return None
@@ -171,13 +179,15 @@ class ThroughputPolicy:
         self._probe_turn += 1
         floor = (1 - PROBE_MARGIN) * (rates[self.best] or 0.0)
         for c in order[start:] + order[:start]:
-            if rates[c] is None or rates[c] >= floor or self._stale_probe_fits(c, rates):
+            if rates[c] is None or rates[c] >= floor:
                 return c
-        return None
+        due = min(order, key=lambda c: self._last_run.get(c, -1))
+        return due if self._stale_probe_fits(due, rates) else None
 
     def _stale_probe_fits(self, candidate: Candidate, rates: dict) -> bool:
         """A candidate estimated below the probe floor is probed again once it has not run for its stale
-        updates, and once the seconds the probe would lose fit `PROBE_BUDGET` of the seconds run since it ran."""
+        updates, and once the seconds the probe would lose fit, with every such probe's before, within
+        `PROBE_BUDGET` of the seconds run (then they are counted as lost)."""
         after = STALE_UPDATES if candidate.is_configured_chain else STALE_OTHER_UPDATES
         if self.updates - self._last_run.get(candidate, -after) < after:
             return False
@@ -185,4 +195,14 @@ class ThroughputPolicy:
         if seconds is None or not best:
             return True
         loss = self.update_interval * seconds * (1 - rates[candidate] / best)
-        return self.seconds_run - self._last_run_s.get(candidate, 0.0) >= loss / PROBE_BUDGET
+        if _drafts_with_head(candidate) and not _drafts_with_head(self.best):
+            loss += self.catch_up_s or 0.0  # the head catches up on every token held since it last drafted
+        if self.probe_loss_s + loss > PROBE_BUDGET * self.seconds_run:
+            return False
+        self.probe_loss_s += loss
+        return True
+
+
+def _drafts_with_head(candidate: Candidate) -> bool:
+    """Whether the configured drafter drafts (a chain or tree of >= 1 step): its head is then caught up first."""
+    return candidate.drafter is None and candidate.num_steps > 0

@@ -20,7 +20,8 @@ import torch
 class _Held:
     start: int  # position of the first held token
     tokens: list[int] = field(default_factory=list)
-    features: list[torch.Tensor] = field(default_factory=list)  # [n_i, F] chunks (the drafter's choice of F)
+    # (features [M, F] of one cycle, first row, end row): the row's chunks, sliced when taken (F: the drafter's choice)
+    features: list[tuple[torch.Tensor, int, int]] = field(default_factory=list)
     sat_out: bool = False  # some of it was held while the head sat out
 
 
@@ -44,7 +45,7 @@ class DeferredExtend:
         for row, start, toks in zip(rows, prefix_lens, tokens):
             held = self._held.setdefault(row, _Held(start))
             held.tokens.extend(toks)
-            held.features.append(features[offset:offset + len(toks)])
+            held.features.append((features, offset, offset + len(toks)))
             held.sat_out = held.sat_out or sat_out
             offset += len(toks)
 
@@ -63,4 +64,4 @@ class DeferredExtend:
         if not held:
             return None
         return ([row for row, _ in held], [h.start for _, h in held], [h.tokens for _, h in held],
-                torch.cat([f for _, h in held for f in h.features]))
+                torch.cat([f[a:b] for _, h in held for f, a, b in h.features]))

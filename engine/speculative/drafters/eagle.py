@@ -88,10 +88,8 @@ class EagleDrafter:
     def hold(self, requests: list[Request], verified: Verified, sat_out: bool) -> None:
         """Hold that draft-extend until the head next drafts (sat_out: the head sat the cycle out, rather
         than a rule of the drafter's skipping it)."""
-        out, keep = verified.out, verified.keep
         self.deferred.hold([r.row for r in requests], verified.prefix_lens, verified.emitted,
-                           self.head.unprojected_features(out.hidden[keep], [a[keep] for a in out.aux_hidden]),
-                           sat_out=sat_out)
+                           self.head.unprojected_features(verified.out, verified.keep), sat_out=sat_out)
 
     def _features(self, verified: Verified) -> torch.Tensor:
         out, keep = verified.out, verified.keep

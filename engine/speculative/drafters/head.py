@@ -47,11 +47,17 @@ class DraftHead:
     def target_features(self, hidden: torch.Tensor, aux: list[torch.Tensor]) -> torch.Tensor:
         return self.model.target_features(hidden, aux)
 
-    def unprojected_features(self, hidden: torch.Tensor, aux: list[torch.Tensor]) -> torch.Tensor:
-        """What `target_features` computes from, as one tensor: an EAGLE-3 head's three target layers
-        ([N, 3H], projected by its `fc`), another head's final hidden state. Held work keeps these, so a
-        tier that sits at 0 steps never projects them and a catch-up projects them in one GEMM."""
-        return torch.cat(aux, dim=-1) if self.model.kind == "eagle3" else hidden
+    def unprojected_features(self, out, keep: torch.Tensor) -> torch.Tensor:
+        """What `target_features` computes from, at the rows `keep` of a forward's output `out`, as one
+        tensor: an EAGLE-3 head's three target layers ([N, 3H], projected by its `fc`), another head's final
+        hidden state. Held work keeps these, so a tier that sits at 0 steps never projects them and a
+        catch-up projects them in one GEMM. A `keep` of every row in order (a cycle that drafted nothing)
+        takes them without a gather."""
+        every_row = keep.shape[0] == out.hidden.shape[0]  # `keep` is increasing: all rows means each in order
+        if self.model.kind == "eagle3":
+            features = torch.cat(out.aux_hidden, dim=-1)  # a new tensor: no buffer of the forward's is held
+            return features if every_row else features[keep]
+        return out.hidden.clone() if every_row else out.hidden[keep]
 
     def project_features(self, unprojected: torch.Tensor) -> torch.Tensor:
         """`target_features` of what `unprojected_features` kept."""

@@ -521,8 +521,8 @@ def test_a_few_early_misses_deep_in_the_chain_do_not_lock_the_policy_at_one_step
 def test_a_candidate_ruled_out_early_is_probed_again_once_stale():
     """Bad cycles of a bursty drafter put its estimate far below the best once it stands (after
     MIN_OWN_CYCLES cycles: until then it is probed in turn); then it is skipped by the probes until it
-    has not run for STALE_OTHER_UPDATES updates and its probe's loss fits PROBE_BUDGET of the time since,
-    and measured again."""
+    has not run for STALE_OTHER_UPDATES updates and its probes' losses, all together, fit PROBE_BUDGET of
+    the time run, and measured again."""
     p = ThroughputPolicy((C(3), NGRAM), C(3), AcceptanceModel(0.9), ema_alpha=0.3, update_interval=1,
                          probe_interval=1)
     # a cycle takes 1 s either way; n-gram's rate is a quarter of k = 3's: a probe loses 0.75 s
@@ -535,7 +535,9 @@ def test_a_candidate_ruled_out_early_is_probed_again_once_stale():
     at = [i for i, c in enumerate(runs) if c == NGRAM]
     assert at[0] <= 2 and len(at) >= MIN_OWN_CYCLES + 3  # explored, then probed again and again
     measured = at[MIN_OWN_CYCLES - 1:]  # its estimate stands from here
-    assert all(b - a >= wait for a, b in zip(measured, measured[1:]))  # probed only once stale and paid for
+    # probed only once stale and paid for: by each probe, 0.75 s lost per probe within the budget of the time run
+    assert all(b - a >= STALE_OTHER_UPDATES for a, b in zip(measured, measured[1:]))
+    assert all(0.75 * j <= PROBE_BUDGET * (at_cycle + 1) for j, at_cycle in enumerate(measured[1:], start=1))
     assert all(b - a <= wait + 2 for a, b in zip(measured, measured[1:]))  # but probed
 
 
@@ -558,6 +560,35 @@ def test_probes_of_a_costly_candidate_estimated_far_below_the_best_stay_within_t
     lost = spent[suffix] * (1 - (3 / 6.0) / 1.0) + spent[C(1)] * (1 - (1 / 1.5) / 1.0)
     assert spent[suffix] >= 5 * 2 * 6.0  # probed again and again
     assert lost / total <= 1.5 * PROBE_BUDGET, (lost / total, spent)
+
+
+def test_stale_probes_of_every_candidate_and_their_catch_ups_share_one_probe_budget():
+    """At batch 32 the best was 0 steps and each stale probe of a chain began with a catch-up of the head
+    over every token held since it last drafted, which no estimate counted; beside it another drafter's
+    stale probes took a budget of their own. All stale probes together, catch-ups counted, stay within
+    PROBE_BUDGET of the time run, and each candidate is still probed now and then."""
+    suffix = Candidate(8, drafter="suffix")
+    p = ThroughputPolicy((C(0), C(1), suffix), C(0), AcceptanceModel(0.9), ema_alpha=0.3, update_interval=2,
+                         probe_interval=6)
+    seconds = {C(0): 1.0, C(1): 1.5, suffix: 6.0}
+    accepted = {C(0): 0, C(1): 0, suffix: 2}  # k = 1 lands nothing (2/3 of the best rate), suffix 3 tokens in 6 s
+    catch_up = 8.0  # the head catches up on a long sit-out
+    spent, lost, previous = 0.0, 0.0, C(0)
+    probed = {c: 0 for c in seconds}
+    for cycle in range(8000):
+        c = p.choice
+        timings = {"verify": seconds[c]}
+        if c == C(1) and previous != C(1):  # the head sat out: it catches up first
+            timings[CATCH_UP_PHASE] = catch_up
+        if cycle >= 200:  # after exploration
+            spent += sum(timings.values())
+            lost += timings.get(CATCH_UP_PHASE, 0.0) + seconds[c] - (1 + accepted[c])  # 0 steps: 1 token a second
+            probed[c] += c != previous
+        p.observe(c, [accepted[c]], timings)
+        previous = c
+    assert p.best == C(0)
+    assert lost / spent <= 1.25 * PROBE_BUDGET, (lost / spent, probed)
+    assert probed[C(1)] >= 3 and probed[suffix] >= 3, probed
 
 
 def test_another_drafters_averages_weigh_its_first_cycles_alike_and_move_slowly_after():
