@@ -15,7 +15,9 @@ and descending iff y is a child: each node draws y from p, and verify walks the 
 Randomness is keyed by (seed, output position) as the reproducible mode's is, from three named streams
 (`keyed_random`: the draft's draw, the accept test, the target's draw), each used once per position
 that ends up emitted, so seeded output repeats for a given configuration; unlike the reproducible mode
-it depends on what was drafted. Greedy requests are verified by argmax match in both modes.
+it depends on what was drafted. Greedy requests are verified by argmax match in both modes. A cycle that
+drafted nothing (0 steps) draws its token as plain decoding does, from the sampler's own stream for
+that position: a draw from p either way, and plain decoding's token.
 """
 
 from dataclasses import dataclass

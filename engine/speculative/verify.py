@@ -75,7 +75,7 @@ class TargetVerifier:
         processed = logits = sampling.processed(out.logits, tree.tokens, None if tree.is_chain else tree.ancestor_mask())
         if grammar is not None:
             logits = grammar.apply(logits)
-        if n == 1 and grammar is None and not (self.mode == "rejection" and not sampling.all_greedy):
+        if n == 1 and grammar is None:  # nothing drafted: plain decoding's draw, in either verify mode
             verified = self._undrafted(prefix_lens, out, self.sampler.sample(logits, sampling))
         else:
             accept_lens, path, chosen = self.accept(logits, tree, sampling)
@@ -112,7 +112,8 @@ class TargetVerifier:
 
     def _undrafted(self, prefix_lens: list[int], out: ForwardOutput, chosen: torch.Tensor) -> Verified:
         """A cycle at 0 steps (plain decoding through the verify path): each request emits the target's
-        choice [B, 1] at its one node, as `accept` and `_verified` would find, without their work."""
+        choice [B, 1] at its one node, as `accept` and `_verified` would find (the sampler's draw, as plain
+        decoding's: with no draft to test, rejection sampling draws from p too), without their work."""
         b, device = chosen.shape[0], chosen.device
         path = self._one_node.get((b, device))
         if path is None:  # one node per request: the same read-only (path, on_path, keep) every cycle

@@ -153,7 +153,7 @@ def test_a_configured_tree_with_adaptive_starts_there_only_when_the_first_tier_l
     assert config["adaptive"]["policy"] == "off" and config["speculative"]["topk"] == 4 and notices == []
     config, notices = prepare(compose_config(["adaptive=throughput", *tree]))  # the shipped tiers list no tree
     assert notices == ["adaptive: the tree 2x4/8 is not a candidate of the first tier "
-                                 "['1', '2', '3', '4', '5', '6', '7', 'suffix:16']; starting at its middle candidate, 4"]
+                                 "['0', '1', '2', '3', '4', '5', '6', '7', 'suffix:16']; starting at its middle candidate, 4"]
     assert [config["speculative"][key] for key in ("num_steps", "topk", "num_draft_tokens")] == [4, 1, 5]
     listed = "adaptive.tiers=[{batch_size:4,candidates:[1,3,{num_steps:2,topk:4,num_draft_tokens:8}]}]"
     config, notices = prepare(compose_config(["adaptive=throughput", *tree, listed]))

@@ -146,14 +146,17 @@ def test_logprobs_equal_transformers_and_are_the_same_under_speculation(spec_pai
         assert s.token_ids == o.token_ids and s.logprobs == o.logprobs
 
 
-def test_logprobs_of_zero_step_cycles_are_plain_decodings(spec_pair):
-    """A cycle that drafts nothing takes the target's choice without the accept walk; its logprobs
-    (greedy and sampled, processed) are still plain decoding's, bit for bit."""
+@pytest.mark.parametrize("verify", ["reproducible", "rejection"])
+def test_logprobs_of_zero_step_cycles_are_plain_decodings(spec_pair, verify):
+    """A cycle that drafts nothing takes the target's choice without the accept walk: its tokens (a sampled
+    one drawn as plain decoding draws it, in either verify mode) and logprobs (greedy and sampled,
+    processed) are plain decoding's, bit for bit."""
     target, heads = spec_pair
     params = [SamplingParams(max_new_tokens=12, ignore_eos=True, logprobs=2, **PROCESSED),
               SamplingParams(max_new_tokens=12, ignore_eos=True, logprobs=0, temperature=0.8, seed=3)]
     plain = run_plain(target, PROMPTS[:2], params)
-    with build_engine(engine_overrides(target, "eagle", head=heads["eagle"], num_steps=0)) as eng:
+    with build_engine(engine_overrides(target, "eagle", f"speculative.verify={verify}", head=heads["eagle"],
+                                       num_steps=0)) as eng:
         spec = eng.generate(PROMPTS[:2], params)
     for s, o in zip(spec, plain):
         assert s.token_ids == o.token_ids and s.logprobs == o.logprobs and len(s.logprobs) == 12
