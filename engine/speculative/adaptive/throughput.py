@@ -15,7 +15,8 @@ It first runs `update_interval` cycles at each candidate (the initial one, then 
 its step count, then tree shapes and other drafters, each of those until its estimate stands), skipping one that the measurements so far
 already estimate more than `PROBE_MARGIN` below the best (so a costly deep k need not be tried),
 then every `update_interval` cycles takes the best estimate (when it beats the current best's by more
-than `SWITCH_MARGIN`: estimates within that of each other are noise on this machine). Every
+than `SWITCH_MARGIN`: estimates within that of each other are noise on this machine; where the tier lists
+0 steps, a drafting candidate must beat its estimate by that margin too, else 0 steps is the best). Every
 `probe_interval` updates it spends one interval on a probe, in turn: the chain above the best, the chain below it (when the best
 is not a chain: the best chain), then each other candidate. A probe estimated more than
 `PROBE_MARGIN` below the best is skipped for the next in turn; when all are, the one that has waited
@@ -75,6 +76,7 @@ class ThroughputPolicy:
         runs = -(-MIN_OWN_CYCLES // update_interval)
         self._explore += [c for c in self.others if c != initial for _ in range(runs)]
         self.index = candidates.index(initial)
+        self._plain = next((c for c in self.chains if c.num_steps == 0), None)  # 0 steps, where the tier lists it
         self.best = initial
         self.costs = CycleCostModel(ema_alpha, self.own_alpha)
         self.own_accepted = SettlingAverage(self.own_alpha)  # others: accepted drafts per request per cycle
@@ -146,6 +148,11 @@ class ThroughputPolicy:
             # cycle to the next, and each switch to a slower candidate costs its interval
             if known.get(self.best) is None or known[leader] > (1 + SWITCH_MARGIN) * known[self.best]:
                 self.best = leader
+            # speculating must beat plain decoding clearly too: its cycles pay what no estimate holds (the
+            # head's catch-ups, its prefill extend) and a tie within the noise is a loss on average
+            plain = self._plain
+            if plain in known and self.best != plain and known[self.best] <= (1 + SWITCH_MARGIN) * known[plain]:
+                self.best = plain
         choice = self.best
         if self.probe_interval and self.updates % self.probe_interval == 0:
             choice = self._probe(rates) or self.best

@@ -591,6 +591,23 @@ def test_stale_probes_of_every_candidate_and_their_catch_ups_share_one_probe_bud
     assert probed[C(1)] >= 3 and probed[suffix] >= 3, probed
 
 
+@pytest.mark.parametrize("accepted,best", [(0.53, 0), (0.8, 1)])
+def test_speculating_must_beat_zero_steps_by_the_switching_margin(accepted, best):
+    """A drafting candidate estimated within SWITCH_MARGIN of 0 steps is a tie within the noise, and its
+    cycles pay costs no estimate holds (catch-ups, the head's prefill): 0 steps is the best. A clear gain
+    keeps the drafter."""
+    p = ThroughputPolicy(chains(0, 1), C(1), AcceptanceModel(0.9), ema_alpha=0.3, update_interval=2, probe_interval=6)
+    seconds = {C(0): 1.0, C(1): 1.5}  # k = 1: 1.53 / 1.5 = 1.02x the rate of 0 steps, or 1.8 / 1.5 = 1.2x
+    seen = []
+    for cycle in range(600):
+        c = p.choice
+        drafts = [int(i < 100 * accepted) for i in range(100)] if c.num_steps else [0] * 100  # 100 requests
+        p.observe(c, drafts, {"verify": seconds[c]})
+        seen.append(c.num_steps)
+    assert p.best == C(best)
+    assert sum(k == best for k in seen[-300:]) >= 240
+
+
 def test_another_drafters_averages_weigh_its_first_cycles_alike_and_move_slowly_after():
     """n-gram lookup finds a long match or none from one cycle to the next: its acceptance and cost are
     the plain mean of its first cycles (the first one does not outweigh the rest), then a moving
