@@ -223,6 +223,34 @@ inline __m256i broadcast4(const int8_t* p) {
   return _mm256_set1_epi32(v);
 }
 
+// A group's exact int32 dot products [R][B][2] (8 lanes each) into the float32 sums: scaled by the block's
+// scale times the row's activation scale, plus the block's offset times the row's scaled activation sum.
+template <int R, int B>
+inline void add_group(__m256 (&acc)[R][B][2], const __m256i (&dot)[R][B][2], const QuantizedRows& q, int64_t row0,
+                      int64_t groups, int64_t g, const c10::Half* scales, const c10::Half* offsets,
+                      int64_t block_params) {
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < 2; ++h) {
+      const int64_t p = b * block_params + g * kBlock + 8 * h;
+      const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + p)));
+      const __m256 offset = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(offsets + p)));
+      for (int r = 0; r < R; ++r) {
+        const int64_t i = (row0 + r) * groups + g;
+        acc[r][b][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r][b][h]),
+                                       _mm256_mul_ps(scale, _mm256_set1_ps(q.dx[i])), acc[r][b][h]);
+        acc[r][b][h] = _mm256_fmadd_ps(offset, _mm256_set1_ps(q.dxs[i]), acc[r][b][h]);
+      }
+    }
+  }
+}
+
+template <int R, int B>
+inline void store_tile(const __m256 (&acc)[R][B][2], float* acc_out) {
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b)
+      for (int h = 0; h < 2; ++h) _mm256_storeu_ps(acc_out + (r * B + b) * kBlock + 8 * h, acc[r][b][h]);
+}
+
 // 4-bit codes: a byte pair's products stay within 2 * 15 * 127 = 3810, so a group's 8 maddubs results are summed
 // in int16 (at most 30480, exact) and widened once per group: one add a step instead of madd and add, and the
 // row broadcasts are taken once per step for every block. 4 rows x 1 block keeps its 8 sums, 4 broadcasts,
@@ -254,24 +282,12 @@ void tile_avx2_q4(const QuantizedRows& q, int64_t row0, int64_t k_size, const ui
       }
     }
     const __m256i ones = _mm256_set1_epi16(1);
-    for (int b = 0; b < B; ++b) {
-      for (int h = 0; h < 2; ++h) {
-        const int64_t p = b * block_params + g * kBlock + 8 * h;
-        const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + p)));
-        const __m256 offset = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(offsets + p)));
-        for (int r = 0; r < R; ++r) {
-          const int64_t i = (row0 + r) * groups + g;
-          const __m256i dot = _mm256_madd_epi16(sum[r][b][h], ones);
-          acc[r][b][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(scale, _mm256_set1_ps(q.dx[i])),
-                                         acc[r][b][h]);
-          acc[r][b][h] = _mm256_fmadd_ps(offset, _mm256_set1_ps(q.dxs[i]), acc[r][b][h]);
-        }
-      }
-    }
+    for (int r = 0; r < R; ++r)
+      for (int b = 0; b < B; ++b)
+        for (int h = 0; h < 2; ++h) sum[r][b][h] = _mm256_madd_epi16(sum[r][b][h], ones);  // int16 -> int32
+    add_group<R, B>(acc, sum, q, row0, groups, g, scales, offsets, block_params);
   }
-  for (int r = 0; r < R; ++r)
-    for (int b = 0; b < B; ++b)
-      for (int h = 0; h < 2; ++h) _mm256_storeu_ps(acc_out + (r * B + b) * kBlock + 8 * h, acc[r][b][h]);
+  store_tile<R, B>(acc, acc_out);
 }
 
 template <int R, int B, int Bits>
@@ -305,25 +321,16 @@ void tile_avx2(const QuantizedRows& q, int64_t row0, int64_t k_size, const uint8
         }
       }
     }
-    for (int b = 0; b < B; ++b) {
-      for (int h = 0; h < 2; ++h) {
-        const int64_t p = b * block_params + g * kBlock + 8 * h;
-        const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + p)));
-        const __m256 offset = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(offsets + p)));
-        for (int r = 0; r < R; ++r) {
-          const int64_t i = (row0 + r) * groups + g;
-          __m256i dot = sum[r][b][h];
-          if (Bits == 8) dot = _mm256_add_epi32(dot, _mm256_set1_epi32(128 * q.sx[i]));  // the codes' + 128
-          acc[r][b][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(scale, _mm256_set1_ps(q.dx[i])),
-                                         acc[r][b][h]);
-          acc[r][b][h] = _mm256_fmadd_ps(offset, _mm256_set1_ps(q.dxs[i]), acc[r][b][h]);
-        }
+    if (Bits == 8) {
+      for (int r = 0; r < R; ++r) {
+        const __m256i codes_offset = _mm256_set1_epi32(128 * q.sx[(row0 + r) * groups + g]);  // the codes' + 128
+        for (int b = 0; b < B; ++b)
+          for (int h = 0; h < 2; ++h) sum[r][b][h] = _mm256_add_epi32(sum[r][b][h], codes_offset);
       }
     }
+    add_group<R, B>(acc, sum, q, row0, groups, g, scales, offsets, block_params);
   }
-  for (int r = 0; r < R; ++r)
-    for (int b = 0; b < B; ++b)
-      for (int h = 0; h < 2; ++h) _mm256_storeu_ps(acc_out + (r * B + b) * kBlock + 8 * h, acc[r][b][h]);
+  store_tile<R, B>(acc, acc_out);
 }
 
 template <int B, int Bits>
