@@ -91,6 +91,9 @@ class ModelHeads:
     eagle: Optional[str] = None
     eagle3: Optional[str] = None
     draft_lm: Optional[str] = None
+    # the format EAGLE heads run in (draft.quantization of speculative eagle, eagle3, hybrid): auto is q8_0 on a
+    # CPU that builds eyas's kernels (a head is read at every draft step: a quarter of float32's bytes)
+    quantization: QuantizationScheme = QuantizationScheme.none
 
 
 @dataclass

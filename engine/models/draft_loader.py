@@ -13,7 +13,8 @@ from eyas.engine.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 from eyas.engine.models.standalone_draft import load_standalone_draft
 from eyas.engine.models.loader import (assign_state, checkpoint_dir, meta_device, pack_for_inference, read_tensors,
                                   resolve_dtype)
-from eyas.engine.models.weight_formats import GGUF_SCHEMES, Quantization, check_quantization
+from eyas.engine.models.weight_formats import (GGUF_SCHEMES, Quantization, check_quantization,
+                                               resolve_head_quantization)
 
 # heads are one Llama decoder layer whatever their target's family
 EAGLE3_ARCHITECTURES = {"LlamaForCausalLMEagle3": LLAMA}
@@ -80,15 +81,16 @@ def load_draft(path: str | Path, kind: str, target: LlamaForCausalLM, dtype: str
                quantization_group_size: int = 128) -> nn.Module:
     """Load the draft model at `path`: an EAGLE / EAGLE-3 head (`kind` eagle | eagle3), with the target's
     shared modules attached, or a small LM with the target's tokenizer (`kind` lm). `quantization`
-    stores the draft's own linear layers in int8 or int4 (an EAGLE-1/2 head's lm_head is the target's)."""
+    stores the draft's own linear layers in int8, int4 or Q8_0 blocks (`auto`: q8_0 on a CPU that builds eyas's
+    kernels; an EAGLE-1/2 head's lm_head is the target's)."""
     if kind not in DRAFT_KINDS:
         raise CheckpointError(f"draft.kind {kind!r} is not a draft model; allowed: {list(DRAFT_KINDS)}")
     check_quantization(quantization, quantization_group_size, torch.device(device), "draft")
     if quantization in GGUF_SCHEMES and kind != "lm":
         raise ConfigError(f"draft.quantization={quantization} keeps a GGUF file's quantized blocks; an {kind} head is "
                           f"not a GGUF file: set draft.quantization to one of none, int8, int4")
-    if kind != "lm" and quantization == "auto":
-        quantization = "none"  # a head is no GGUF file
+    if kind != "lm":
+        quantization = resolve_head_quantization(quantization, torch.device(device))
     if kind == "lm":
         return load_standalone_draft(path, target, dtype, device, weight_layout, target_path, quantization,
                                      quantization_group_size)

@@ -1,5 +1,5 @@
 """A GGUF file's Q4_0 / Q4_1 / Q8_0 weights kept as the file holds them (`model.quantization=gguf` or
-`gguf_f32`).
+`gguf_f32`), and any checkpoint's weights rounded into Q8_0 blocks (`quantization=q8_0`).
 
 Why: the file's blocks are the model its users run (llama.cpp reads them as they are); re-quantizing
 them into another 4-bit format would round every weight a second time, and dequantizing them to
@@ -30,6 +30,25 @@ ATTRIBUTE = "gguf_blocks"  # where an nn.Linear holds its file blocks until it i
 
 def attach(linear: nn.Linear, blocks: Blocks) -> None:
     setattr(linear, ATTRIBUTE, blocks)
+
+
+def round_to_q8_0(weight: torch.Tensor) -> Blocks:
+    """weight [out, in] (in a multiple of 32) as llama.cpp's Q8_0 rounds it: per group of 32 input features a
+    float16 scale d = max|w| / 127 and codes round(w / d) in [-127, 127] (an all-zero group: d = 0)."""
+    out, fan_in = weight.shape
+    groups = weight.detach().float().reshape(out, fan_in // 32, 32)
+    scale = (groups.abs().amax(dim=-1) / 127).half().float()  # [out, in / 32], exact float16 values
+    inverse = torch.where(scale > 0, 1 / scale, torch.zeros_like(scale))
+    codes = (groups * inverse[..., None]).round().clamp(-127, 127).to(torch.int32).reshape(out, fan_in)
+    return Blocks("Q8_0", codes, scale, torch.zeros_like(scale))
+
+
+def attach_rounded_q8_0(model: nn.Module) -> None:
+    """Hand every projection whose input splits into groups of 32 its weight rounded to Q8_0 blocks
+    (`quantization=q8_0`); the rest keep the float layout."""
+    for module in model.modules():
+        if isinstance(module, nn.Linear) and module.in_features % 32 == 0 and module.weight.device.type != "meta":
+            attach(module, round_to_q8_0(module.weight))
 
 
 def offsets(blocks: Blocks, int8_activations: bool) -> torch.Tensor:

@@ -147,6 +147,9 @@ def pack_for_inference(model: torch.nn.Module, weight_layout: str, device: torch
         model_bytes = sum(matrix_bytes(m) for m in (model, runs_beside) if m is not None)
         return model.pack(choose_layouts(shapes, weight_layout, dtype, device, model_bytes))
     check_quantization(quantization.scheme, quantization.group_size, device, field)
+    if quantization.scheme == "q8_0":  # rounded here into the blocks a file's Q8_0 holds, then run as gguf's
+        gguf_block_weights.attach_rounded_q8_0(model)
+        quantization = Quantization("gguf")
     if quantization.scheme in GGUF_SCHEMES:  # the file's blocks where they are stored so, else the float layouts
         model_bytes = sum(matrix_bytes(m) for m in (model, runs_beside) if m is not None)
         fallback = choose_layouts(shapes, weight_layout, dtype, device, model_bytes)

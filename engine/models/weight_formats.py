@@ -19,6 +19,10 @@ against plain decoding of the same quantized model).
 - `model.quantization=gguf` / `gguf_f32` keep a GGUF file's Q4_0 / Q4_1 / Q8_0 blocks as the file stores
   them (`gguf_block_weights`): no second rounding; int8 activations as llama.cpp's, or float32 ones (the
   dequantized model's bits).
+- `model.quantization=q8_0` / `draft.quantization=q8_0` round any checkpoint's projections into Q8_0 blocks
+  (`gguf_block_weights.round_to_q8_0`: int8 codes per group of 32 input features, a float16 scale of the
+  group's absolute maximum / 127, as llama.cpp's Q8_0) and run them as `gguf` runs a file's Q8_0: a
+  quarter of float32's bytes, for a draft head read every draft step or a checkpoint that is no GGUF file.
 - `Fp16Weights` (the `auto` weight layout of a bfloat16 or float16 model on CPU): the weights held in
   float16, fbgemm's fp16 GEMM with float32 activations and accumulation (its row counts padded so that
   it is row-invariant too). CPUs without native bf16 dot
@@ -41,8 +45,9 @@ from eyas.engine.models.packed_ops import register_packed
 # else), none, int8 (per-channel int8 weights, activations quantized per token: fbgemm), int4 (4-bit weights
 # in groups of quantization_group_size input features: aten int4pack), gguf (a GGUF file's own Q4_0 / Q4_1 /
 # Q8_0 blocks, int8 activations as llama.cpp's: eyas's CPU kernel), gguf_f32 (the same blocks with float32
-# activations: the dequantized model's logits, bit for bit)
-SCHEMES = ("auto", "none", "int8", "int4", "gguf", "gguf_f32")
+# activations: the dequantized model's logits, bit for bit), q8_0 (any checkpoint's weights rounded here into
+# llama.cpp's Q8_0 blocks, int8 per group of 32 input features with a float16 scale, run as gguf runs them)
+SCHEMES = ("auto", "none", "int8", "int4", "gguf", "gguf_f32", "q8_0")
 GGUF_SCHEMES = ("gguf", "gguf_f32")  # a GGUF file's own blocks: int8 or float32 activations
 INT4_GROUP_SIZES = (32, 64, 128, 256)
 FP16_MAX = 65504.0
@@ -69,6 +74,14 @@ def resolve_quantization(scheme: str, gguf_file: bool, device: torch.device) -> 
     return "gguf" if gguf_file and device.type == "cpu" and cpu_ops_error() is None else "none"
 
 
+def resolve_head_quantization(scheme: str, device: torch.device) -> str:
+    """`auto` for an EAGLE head (no GGUF file) -> q8_0 on a CPU that builds eyas's kernels (a head is read at
+    every draft step: a quarter of float32's bytes, its acceptance unchanged on SmolLM2), else none."""
+    if scheme != "auto":
+        return scheme
+    return "q8_0" if torch.device(device).type == "cpu" and cpu_ops_error() is None else "none"
+
+
 def check_quantization(scheme: str, group_size: int, device: torch.device, field: str = "model") -> None:
     """Raise a ConfigError naming `{field}.quantization` / `{field}.quantization_group_size` when the
     setting cannot run here."""
@@ -79,7 +92,7 @@ def check_quantization(scheme: str, group_size: int, device: torch.device, field
     if device.type != "cpu":
         raise ConfigError(f"{field}.quantization={scheme} runs on CPU only (its kernels are PyTorch's CPU "
                           f"kernels); device is {device.type}: set {field}.quantization=none")
-    if scheme in GGUF_SCHEMES:
+    if scheme in GGUF_SCHEMES or scheme == "q8_0":
         error = cpu_ops_error()
         if error is not None:
             raise ConfigError(f"{field}.quantization={scheme} runs on eyas's C++ CPU kernels, which cannot be built "

@@ -1,23 +1,25 @@
 """Seconds per decode cycle as a function of the candidate and the batch size b, from measurements.
 
-Per batch size: a moving average of the cycle time of each candidate measured there (a measurement
-more than `OUTLIER` times the average is clipped: a stall of this machine, not a cost of the
-candidate). A chain cycle at k >= 1 steps drafts k tokens and verifies k + 1, so its cost grows about
-linearly in k: the slope comes from a least-squares line through the averages of every k measured at
-that batch size, and the level from the k measured most recently. So one line serves every k: a k
-not run lately (or ever, once two others were) is estimated from the fresh level, and a drift of
-this machine's speed moves every k alike. A cycle at k = 0 (plain decoding) drafts nothing: it is
-averaged on its own with the chains' weight (its cost is as steady as theirs, and it runs mostly in
-probes, so a slower average would keep a cost from the machine's first, slow cycles and favour
-speculating). A tree shape or another drafter drafts and verifies on its own pattern, with cycles
-that differ more from one to the next: each is averaged on its own (a `SettlingAverage` of weight
-`own_alpha`). At a batch size not measured (for that candidate, or
-for any chain k >= 1 on the line), the nearest one that was is scaled in proportion.
+Per batch size: a moving average of the cycle time of each candidate measured there (a measurement more than
+`OUTLIER` times the average is clipped: a stall of this machine, not a cost of the candidate). A chain cycle
+at k >= 1 steps drafts k tokens and verifies k + 1, so its cost grows about linearly in k: the slope comes
+from a least-squares line through the averages of every k measured at that batch size, and the level from the
+k measured most recently. So one line serves every k: a k not run lately (or ever, once two others were) is
+estimated from the fresh level, and a drift of this machine's speed moves every k alike. A cycle at k = 0
+(plain decoding) drafts nothing: it is averaged on its own with the chains' weight (its cost is as steady as
+theirs, and it runs mostly in probes, so a slower average would keep a cost from the machine's first, slow
+cycles and favour speculating), afresh when it comes back after `RESTART_AFTER` cycles away. A tree shape or
+another drafter drafts and verifies on its own pattern, with cycles that differ more from one to the next:
+each is averaged on its own (a `SettlingAverage` of weight `own_alpha`). At a batch size not measured (for
+that candidate, or for any chain k >= 1 on the line), the nearest one that was is scaled in proportion.
 """
 
 from eyas.engine.speculative.adaptive.settling_average import SettlingAverage
 
 OUTLIER = 2.0
+# 0 steps back after sitting out this many cycles (at any batch size) starts its average afresh: what it
+# measured before (a stall in its last cycles included) says less than its first cycle now
+RESTART_AFTER = 20
 LINE = "line"  # the family of chain step counts >= 1
 
 
@@ -37,10 +39,17 @@ class CycleCostModel:
         self.mean: dict[tuple, float] = {}  # (candidate, b) -> seconds per cycle
         self.latest: dict = {}  # b -> the chain (k >= 1) measured last at b
         self._slopes: dict[int, float | None] = {}  # b -> fitted seconds per step (cleared by new measurements)
+        self.cycles = 0
+        self._plain_seen: int | None = None  # the cycle 0 steps last ran at
 
     def observe(self, candidate, batch_size: int, seconds: float) -> None:
         key = (candidate, batch_size)
         old = self.mean.get(key)
+        self.cycles += 1
+        if _is_plain(candidate):
+            if self._plain_seen is not None and self.cycles - self._plain_seen > RESTART_AFTER:
+                old = None
+            self._plain_seen = self.cycles
         clipped = seconds if old is None else min(seconds, OUTLIER * old)
         if _family(candidate) != LINE and not _is_plain(candidate):
             self.mean[key] = self._own.add(key, clipped)
@@ -61,6 +70,14 @@ class CycleCostModel:
             if t is not None:
                 return t * batch_size / b
         return None
+
+    def measured_at(self, candidate, batch_size: int) -> bool:
+        """Whether `seconds(candidate, batch_size)` stands on a measurement at that batch size (a chain: any
+        k >= 1 measured there), not on one scaled from another (in proportion: too dear scaled up where a
+        cycle's cost is mostly fixed, too cheap scaled down)."""
+        if _family(candidate) != LINE:
+            return (candidate, batch_size) in self.mean
+        return any(b == batch_size and _family(c) == LINE for c, b in self.mean)
 
     def _at(self, candidate, b: int) -> float | None:
         if _family(candidate) != LINE:

@@ -11,25 +11,28 @@ steps or while another drafter drafted, is a cost of switching back and stays ou
 rate = expected tokens / seconds. A cycle's seconds are its phases' and the host's time since the
 previous cycle (`HOST_PHASE`): a cost every cycle pays alike, which short chains pay most often per token.
 
-It first runs `update_interval` cycles at each candidate (the initial one, then chains outwards from
-its step count, then tree shapes and other drafters, each of those until its estimate stands), skipping one that the measurements so far
-already estimate more than `PROBE_MARGIN` below the best (so a costly deep k need not be tried),
-then every `update_interval` cycles takes the best estimate (when it beats the current best's by more
-than `SWITCH_MARGIN`: estimates within that of each other are noise on this machine; where the tier lists
-0 steps, a drafting candidate must beat its estimate by that margin too, else 0 steps is the best). Every
-`probe_interval` updates it spends one interval on a probe, in turn: the chain above the best, the chain below it (when the best
-is not a chain: the best chain), then each other candidate. A probe estimated more than
-`PROBE_MARGIN` below the best is skipped for the next in turn; when all are, the one that has waited
-longest runs once it has not run for `STALE_UPDATES` updates (an estimate from a few cycles of bursty
-acceptance, n-gram lookup's above all, must not rule a candidate out for good; a tree's or another
-drafter's sooner, and its estimate stands only after `MIN_OWN_CYCLES` cycles) and the seconds it would
-lose (an interval at its cycle time, at the rate it falls short of the best by, and the catch-up of the
-draft head when the best does not run it) fit, with what every such probe lost before, within
-`PROBE_BUDGET` of the seconds run: at batch 8 a suffix probe of 8 steps cost 5.8 zero-step cycles at half
-their rate, and stale probes every 25 updates spent 12% of the time there; at batch 32 probes of 1 and
-2 steps from 0, each after a catch-up over every token held since, spent 6%. Probes refresh the
-acceptance of a deeper position, a neighbour's cost, or another candidate's acceptance on the current
-text. The state lives as long as the engine: later `generate` calls start from what earlier ones measured.
+It first runs `update_interval` cycles at each candidate (the initial one, then chains outwards from its step
+count, then tree shapes and other drafters, each of those until its estimate stands), skipping one that the
+measurements so far already estimate more than `PROBE_MARGIN` below the best (so a costly deep k need not be
+tried), then every `update_interval` cycles takes the best estimate (when it beats the current best's by more
+than `SWITCH_MARGIN`: estimates within that of each other are noise on this machine; where the tier lists 0
+steps, a drafting candidate must beat its estimate by `PLAIN_MARGIN`, else 0 steps is the best). Every
+`probe_interval` updates it spends one interval on a probe, in turn: the chain above the best, the chain below
+it (when the best is not a chain: the best chain), then each other candidate, then 0 steps where the tier
+lists it; 0 steps is also probed first, whatever its estimate and its turn, while its cost at the current
+batch size is only scaled from another one, and once it has not run for `STALE_OTHER_UPDATES` updates (see
+`_probe`). A probe estimated more than `PROBE_MARGIN` below the best is skipped for the next in turn; when all
+are, the one that has waited longest runs once it has not run for `STALE_UPDATES` updates (an estimate from a
+few cycles of bursty acceptance, n-gram lookup's above all, must not rule a candidate out for good; a tree's
+or another drafter's sooner, and its estimate stands only after `MIN_OWN_CYCLES` cycles). A probe of a
+measured candidate runs only while the seconds it would lose (an interval at its cycle time, at the rate it
+falls short of the best by, and the catch-up of the draft head when the best does not run it) fit, with what
+every probe lost before, within `PROBE_BUDGET` of the seconds run: at batch 8 a suffix probe of 8 steps cost
+5.8 zero-step cycles at half their rate, and stale probes every 25 updates spent 12% of the time there; at
+batch 32 probes of 1 and 2 steps from 0, each after a catch-up over every token held since, spent 6%; at batch
+8 probes of 1 step, estimated within a tenth of 0 steps, ran one interval in seven. Probes refresh the
+acceptance of a deeper position, a neighbour's cost, or another candidate's acceptance on the current text.
+The state lives as long as the engine: later `generate` calls start from what earlier ones measured.
 """
 
 from eyas.engine.phase_clock import CATCH_UP_PHASE
@@ -41,6 +44,10 @@ from eyas.engine.speculative.candidate import Candidate
 
 PROBE_MARGIN = 0.1  # probe a candidate estimated at >= (1 - margin) x the best rate
 SWITCH_MARGIN = 0.03  # a candidate becomes the best when estimated at > (1 + margin) x the best's rate
+# ... and a drafting candidate only when estimated at > (1 + margin) x plain decoding's, where the tier lists 0
+# steps: a rate per request leaves out the cost of requests drifting apart (a batch that speculates ends when
+# its slowest request does), the head's catch-ups and its prefill extend
+PLAIN_MARGIN = 0.1
 # a tree's or another drafter's cycles differ more from one to the next than a chain's (n-gram lookup
 # finds a long match or none): their acceptance and cost are averaged over more cycles
 OWN_ALPHA = 0.05
@@ -148,10 +155,9 @@ class ThroughputPolicy:
             # cycle to the next, and each switch to a slower candidate costs its interval
             if known.get(self.best) is None or known[leader] > (1 + SWITCH_MARGIN) * known[self.best]:
                 self.best = leader
-            # speculating must beat plain decoding clearly too: its cycles pay what no estimate holds (the
-            # head's catch-ups, its prefill extend) and a tie within the noise is a loss on average
+            # speculating must beat plain decoding clearly (PLAIN_MARGIN): a tie within the noise is a loss
             plain = self._plain
-            if plain in known and self.best != plain and known[self.best] <= (1 + SWITCH_MARGIN) * known[plain]:
+            if plain in known and self.best != plain and known[self.best] <= (1 + PLAIN_MARGIN) * known[plain]:
                 self.best = plain
         choice = self.best
         if self.probe_interval and self.updates % self.probe_interval == 0:
@@ -173,35 +179,49 @@ class ThroughputPolicy:
         else:
             i = self.chains.index(self.best)
             neighbours = self.chains[i + 1:i + 2] + self.chains[max(i - 1, 0):i]  # above, then below
-        return list(neighbours) + [c for c in self.others if c != self.best]
+        order = list(neighbours) + [c for c in self.others if c != self.best]
+        plain = self._plain
+        if plain is not None and plain != self.best and plain not in order:
+            order.append(plain)  # plain decoding, which never loses: its estimate must not go stale (`_probe`)
+        return order
 
     def _probe(self, rates: dict) -> Candidate | None:
-        """The next candidate in turn worth an interval (unmeasured or estimated close to the best); else the
-        one below the floor that has waited longest, once stale and paid for (one queue: a costly probe,
-        a chain's after a long catch-up, is not starved by cheaper ones spending the budget first)."""
+        """The next candidate in turn worth an interval (unmeasured, or estimated close to the best and paid
+        for); else the one below the floor that has waited longest, once stale and paid for (one queue: a
+        costly probe, a chain's after a long catch-up, is not starved by cheaper ones spending the budget first)."""
         order = self._probe_order(rates)
         if not order:
             return None
+        plain = self._plain
+        if plain in order and (not self.costs.measured_at(plain, self.batch_size)
+                               or (self._stale(plain) and self._probe_fits(plain, rates))):
+            # plain decoding's estimate is refreshed whatever the turn: one scaled from another batch size or
+            # left stale could keep a losing candidate the best for long (at batch 8, 0 steps measured only at
+            # 2 was estimated at 46 ms a cycle against 20 measured; at 32 two stalls of this machine in its
+            # last cycles raised it from 59 to 88 ms; in both a chain that lost to it by a fifth stayed best)
+            return plain
         start = self._probe_turn % len(order)
         self._probe_turn += 1
         floor = (1 - PROBE_MARGIN) * (rates[self.best] or 0.0)
         for c in order[start:] + order[:start]:
-            if rates[c] is None or rates[c] >= floor:
+            if rates[c] is None or (rates[c] >= floor and self._probe_fits(c, rates)):
                 return c
         due = min(order, key=lambda c: self._last_run.get(c, -1))
-        return due if self._stale_probe_fits(due, rates) else None
+        return due if self._stale(due) and self._probe_fits(due, rates) else None
 
-    def _stale_probe_fits(self, candidate: Candidate, rates: dict) -> bool:
-        """A candidate estimated below the probe floor is probed again once it has not run for its stale
-        updates, and once the seconds the probe would lose fit, with every such probe's before, within
-        `PROBE_BUDGET` of the seconds run (then they are counted as lost)."""
-        after = STALE_UPDATES if candidate.is_configured_chain else STALE_OTHER_UPDATES
-        if self.updates - self._last_run.get(candidate, -after) < after:
-            return False
+    def _stale(self, candidate: Candidate) -> bool:
+        """Not run for its stale updates: a step count's 100, another drafter's, a tree's and 0 steps' 25."""
+        after = STALE_OTHER_UPDATES if candidate == self._plain or not candidate.is_configured_chain else STALE_UPDATES
+        return self.updates - self._last_run.get(candidate, -after) >= after
+
+    def _probe_fits(self, candidate: Candidate, rates: dict) -> bool:
+        """Whether the seconds the probe would lose (an interval at its cycle time, at the rate it falls short
+        of the best by, and the head's catch-up when the best does not draft with it) fit, with every probe's
+        before, within `PROBE_BUDGET` of the seconds run (then they are counted as lost)."""
         seconds, best = self.cycle_seconds(candidate, self.batch_size), rates[self.best]
         if seconds is None or not best:
             return True
-        loss = self.update_interval * seconds * (1 - rates[candidate] / best)
+        loss = self.update_interval * seconds * max(1 - rates[candidate] / best, 0.0)
         if _drafts_with_head(candidate) and not _drafts_with_head(self.best):
             loss += self.catch_up_s or 0.0  # the head catches up on every token held since it last drafted
         if self.probe_loss_s + loss > PROBE_BUDGET * self.seconds_run:

@@ -31,8 +31,9 @@ KERNEL_SHAPES = [(64, 48), (96, 160), (64, 160), (96, 48)]  # (in, out): int4 ne
 SUBSETS = [[0], [6], [0, 6], [1, 2, 3], [5, 3, 0, 4], [6, 5, 4, 3, 2, 1], [2, 2, 2]]
 
 # the overrides of a quantized target: int4 in groups the 64-wide fixtures split into
-QUANT = {"int8": ("model.quantization=int8",),
-         "int4": ("model.quantization=int4", "model.quantization_group_size=32")}
+QUANT = {"none": (), "int8": ("model.quantization=int8",),
+         "int4": ("model.quantization=int4", "model.quantization_group_size=32"),
+         "q8_0": ("model.quantization=q8_0",)}
 QUANTIZATION = {"int8": Quantization("int8"), "int4": Quantization("int4", 32)}
 GREEDY = SamplingParams(max_new_tokens=24, ignore_eos=True)
 
@@ -187,14 +188,14 @@ def test_a_bf16_weight_beyond_float16s_range_keeps_the_dense_kernel():
 
 def test_check_quantization_names_the_field_and_the_allowed_values():
     cpu = torch.device("cpu")
-    assert SCHEMES == ("auto", "none", "int8", "int4", "gguf", "gguf_f32") and INT4_GROUP_SIZES == (32, 64, 128, 256)
+    assert SCHEMES == ("auto", "none", "int8", "int4", "gguf", "gguf_f32", "q8_0") and INT4_GROUP_SIZES == (32, 64, 128, 256)
     for scheme in SCHEMES:
         check_quantization(scheme, 128, cpu, "model")
     check_quantization("int8", 48, cpu, "model")  # the group size is int4's alone
     check_quantization("none", 48, torch.device("cuda"), "model")  # nothing to run: any device
     check_quantization("auto", 48, torch.device("cuda"), "model")  # resolved against the checkpoint first
     with pytest.raises(ConfigError, match=r"draft\.quantization must be one of \['auto', 'none', 'int8', 'int4', 'gguf', "
-                                          r"'gguf_f32'\], got 'int5'"):
+                                          r"'gguf_f32', 'q8_0'\], got 'int5'"):
         check_quantization("int5", 128, cpu, "draft")
     with pytest.raises(ConfigError, match=r"model\.quantization_group_size must be one of \[32, 64, 128, 256\]"):
         check_quantization("int4", 48, cpu, "model")
@@ -417,6 +418,7 @@ def test_seeded_sampling_over_a_quantized_target_equals_its_plain_decoding(spec_
 
 DRAFT_INT8 = ("draft.quantization=int8",)
 DRAFT_INT4 = ("draft.quantization=int4", "draft.quantization_group_size=32")
+DRAFT_Q8_0 = ("draft.quantization=q8_0",)
 
 
 @pytest.mark.parametrize("scheme,kind,draft_quant,fmt,shape", [
@@ -425,7 +427,11 @@ DRAFT_INT4 = ("draft.quantization=int4", "draft.quantization_group_size=32")
     ("int4", "eagle3", DRAFT_INT8, Quantization("int8"), dict(num_steps=3)),
     ("int8", "eagle", DRAFT_INT4, Quantization("int4", 32), dict(num_steps=3)),
     ("int4", "eagle", DRAFT_INT8, Quantization("int8"), dict(num_steps=4)),
-], ids=["int8-eagle3-int8", "int8-eagle3-int8-tree", "int4-eagle3-int8", "int8-eagle-int4", "int4-eagle-int8"])
+    ("none", "eagle3", DRAFT_Q8_0, Quantization("gguf"), dict(num_steps=3)),
+    ("none", "eagle3", DRAFT_Q8_0, Quantization("gguf"), dict(num_steps=3, topk=2)),
+    ("q8_0", "eagle3", DRAFT_Q8_0, Quantization("gguf"), dict(num_steps=3)),
+], ids=["int8-eagle3-int8", "int8-eagle3-int8-tree", "int4-eagle3-int8", "int8-eagle-int4", "int4-eagle-int8",
+        "none-eagle3-q8_0", "none-eagle3-q8_0-tree", "q8_0-eagle3-q8_0"])
 def test_a_quantized_head_stays_lossless(spec_pair, plain_reference, scheme, kind, draft_quant, fmt, shape):
     target, heads = spec_pair
     for params in (GREEDY, PARAMS_16):
@@ -435,10 +441,11 @@ def test_a_quantized_head_stays_lossless(spec_pair, plain_reference, scheme, kin
         assert got == plain_reference(target, prompts, params, *QUANT[scheme])
         assert_accepted(metrics, 1.3)
     layer = draft.midlayer if kind == "eagle3" else draft.layers[0]
-    assert draft.fc_proj.layout == fmt and layer.mlp.gate_up.layout == fmt and layer.self_attn.qkv.layout == fmt
+    stored = lambda layout: layout.scheme == fmt.scheme and layout.group_size == fmt.group_size  # noqa: E731 (gguf: any fallback)
+    assert stored(draft.fc_proj.layout) and stored(layer.mlp.gate_up.layout) and stored(layer.self_attn.qkv.layout)
     assert draft.fc.weight.is_meta and layer.mlp.gate_proj.weight.is_meta
     if kind == "eagle3":
-        assert draft.logits_proj.layout == fmt
+        assert stored(draft.logits_proj.layout)
     else:  # an EAGLE-1 head reads the target's lm_head, quantized as the target's
         assert draft.logits_proj.layout == QUANTIZATION[scheme]
 
@@ -456,6 +463,47 @@ def test_the_target_quantized_alike_as_its_own_drafter_accepts_every_greedy_draf
     assert draft.kind == "lm" and draft.lm.model.layers[0].mlp.gate_up.layout == QUANTIZATION[scheme]
     assert got == plain_reference(target, PROMPTS, GREEDY, *QUANT[scheme])
     assert metrics["draft_accept_rate"] == 1.0 and metrics["mean_accept_length"] == steps + 1
+
+
+def test_q8_0_rounds_each_group_of_32_to_its_scale_as_llama_cpp():
+    """Codes in [-127, 127] times a float16 scale of the group's max / 127: each weight within half a step."""
+    from eyas.engine.models.gguf_block_weights import round_to_q8_0
+
+    w = torch.randn(48, 96, generator=torch.Generator().manual_seed(0)) * torch.logspace(-3, 1, 96)
+    w[5, 32:64] = 0  # an all-zero group: scale 0, codes 0
+    blocks = round_to_q8_0(w)
+    groups = w.view(48, 3, 32)
+    assert torch.equal(blocks.scale, (groups.abs().amax(-1) / 127).half().float())
+    assert blocks.codes.abs().max() <= 127 and blocks.codes[5, 32:64].eq(0).all() and blocks.scale[5, 1] == 0
+    err = (blocks.dequantize() - w).abs().view(48, 3, 32)
+    assert (err <= blocks.scale[..., None] * 0.5 + 1e-6 * groups.abs().amax(-1, keepdim=True)).all()
+    gguf = pytest.importorskip("gguf")
+    theirs = gguf.quants.dequantize(gguf.quants.quantize(w.numpy(), gguf.GGMLQuantizationType.Q8_0),
+                                    gguf.GGMLQuantizationType.Q8_0)
+    assert (blocks.dequantize() != torch.from_numpy(theirs)).float().mean() < 0.01  # a code off by one, rarely
+
+
+def test_a_head_auto_is_q8_0_on_a_cpu_and_none_elsewhere():
+    from eyas.engine.models.weight_formats import resolve_head_quantization
+
+    assert resolve_head_quantization("auto", torch.device("cpu")) == "q8_0"
+    assert resolve_head_quantization("auto", torch.device("cuda")) == "none"
+    assert resolve_head_quantization("int8", torch.device("cpu")) == "int8"
+
+
+def test_the_default_models_head_runs_in_q8_0_blocks_and_the_tiny_pairs_in_float():
+    from support import compose_config as compose
+
+    assert compose(["model=smollm2"])["draft"]["quantization"] == "auto"
+    assert compose(["model=tiny"])["draft"]["quantization"] == "none"
+    assert compose(["model=smollm2", "draft.quantization=none"])["draft"]["quantization"] == "none"
+
+
+def test_a_q8_0_target_runs_the_int8_dot_kernel_and_stays_close(gqa_checkpoint):
+    model, dense = load_model(gqa_checkpoint, quantization="q8_0"), load_model(gqa_checkpoint)
+    assert model.model.layers[0].mlp.gate_up.layout.scheme == "gguf" and model.logits_proj.layout.scheme == "gguf"
+    got, expected = logits_of(model, IDS), logits_of(dense, IDS)
+    assert relative_error(got, expected) < 0.1 and not torch.equal(got, expected)  # int8's bound here: 0.2
 
 
 # --- the command line ---

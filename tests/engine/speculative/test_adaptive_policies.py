@@ -591,13 +591,13 @@ def test_stale_probes_of_every_candidate_and_their_catch_ups_share_one_probe_bud
     assert probed[C(1)] >= 3 and probed[suffix] >= 3, probed
 
 
-@pytest.mark.parametrize("accepted,best", [(0.53, 0), (0.8, 1)])
-def test_speculating_must_beat_zero_steps_by_the_switching_margin(accepted, best):
-    """A drafting candidate estimated within SWITCH_MARGIN of 0 steps is a tie within the noise, and its
-    cycles pay costs no estimate holds (catch-ups, the head's prefill): 0 steps is the best. A clear gain
-    keeps the drafter."""
+@pytest.mark.parametrize("accepted,best", [(0.53, 0), (0.58, 0), (0.8, 1)])
+def test_speculating_must_beat_zero_steps_by_the_plain_margin(accepted, best):
+    """A drafting candidate estimated within PLAIN_MARGIN of 0 steps is a tie within the noise, and its
+    cycles pay costs no estimate holds (catch-ups, the head's prefill, a batch's requests drifting apart):
+    0 steps is the best. A clear gain keeps the drafter."""
     p = ThroughputPolicy(chains(0, 1), C(1), AcceptanceModel(0.9), ema_alpha=0.3, update_interval=2, probe_interval=6)
-    seconds = {C(0): 1.0, C(1): 1.5}  # k = 1: 1.53 / 1.5 = 1.02x the rate of 0 steps, or 1.8 / 1.5 = 1.2x
+    seconds = {C(0): 1.0, C(1): 1.5}  # k = 1: 1.53 / 1.5 = 1.02x the rate of 0 steps, 1.58 / 1.5 = 1.05x, 1.8 / 1.5 = 1.2x
     seen = []
     for cycle in range(600):
         c = p.choice
@@ -606,6 +606,67 @@ def test_speculating_must_beat_zero_steps_by_the_switching_margin(accepted, best
         seen.append(c.num_steps)
     assert p.best == C(best)
     assert sum(k == best for k in seen[-300:]) >= 240
+
+
+def run_at_batch(p, cycles, batch_size, seconds, accepted):
+    """Feed `cycles` cycles of `batch_size` requests: each candidate's cost and accepted drafts per request."""
+    seen = []
+    for _ in range(cycles):
+        c = p.choice
+        p.observe(c, [accepted[c.num_steps]] * batch_size, {"verify": seconds[c.num_steps]})
+        seen.append(c.num_steps)
+    return seen
+
+
+def test_zero_steps_scaled_from_another_batch_size_is_measured_there_first():
+    """At batch 8, 0 steps measured only at 2 was estimated at 4x its cost there (scaled in proportion, where
+    a cycle's cost is mostly fixed) and a chain that lost to it stayed the best for 25 updates: plain
+    decoding is probed first wherever its cost at the current batch size is only scaled."""
+    p = ThroughputPolicy(chains(0, 1, 2), C(1), AcceptanceModel(0.9), ema_alpha=0.3, update_interval=2, probe_interval=6)
+    run_at_batch(p, 60, 2, {0: 1.0, 1: 1.2, 2: 1.4}, {0: 0, 1: 0, 2: 0})  # nothing lands at batch 2: 0 steps
+    assert p.best == C(0)
+    p.best, p.index = C(1), p.candidates.index(C(1))  # a chain became the best at batch 8 ...
+    # ... where 0 steps, scaled from batch 2 at 4x its cost, is measured nowhere
+    seen = run_at_batch(p, 40, 8, {0: 1.0, 1: 1.9, 2: 2.8}, {0: 0, 1: 1, 2: 1})
+    assert 0 in seen[:2 * 6 + 2]  # probed at the first probe
+    assert p.best == C(0) and seen[-10:].count(0) >= 8  # 2 / 1.9 is within PLAIN_MARGIN of 1 / 1.0
+
+
+def test_zero_steps_is_probed_once_stale_whatever_its_estimate_and_the_best():
+    """Two stalls of the machine at the end of a run of 0 steps raised its cost estimate by half, a chain of
+    2 steps (no neighbour of 0) became the best, and nothing measured 0 steps again: it is probed once it has
+    not run for STALE_OTHER_UPDATES updates, and it is the best again."""
+    p = ThroughputPolicy(chains(0, 1, 2), C(0), AcceptanceModel(0.9), ema_alpha=0.3, update_interval=2, probe_interval=6)
+    seconds, accepted = {0: 1.0, 1: 2.2, 2: 2.9}, {0: 0, 1: 1, 2: 2}  # 2 steps: 3 tokens in 2.9 s, within PLAIN_MARGIN
+    run_at_batch(p, 200, 8, seconds, accepted)
+    assert p.best == C(0)
+    p.costs.mean[(C(0), 8)] = 1.7  # the stalls; 1 step (2 tokens in 2.2 s) is below 2 steps' probe floor
+    p.best, p.index = C(2), p.candidates.index(C(2))
+    seen = run_at_batch(p, 2 * (STALE_OTHER_UPDATES + 2 * 6), 8, seconds, accepted)
+    assert 0 in seen and p.best == C(0)
+
+
+def test_probes_of_a_close_neighbour_and_their_catch_ups_stay_within_the_probe_budget():
+    """At batch 8 a chain of 1 step estimated within a tenth of 0 steps was probed every probe interval, one
+    interval in seven, each after a catch-up of the head: such probes are paid from the probe budget too."""
+    p = ThroughputPolicy(chains(0, 1), C(0), AcceptanceModel(0.9), ema_alpha=0.3, update_interval=2, probe_interval=6)
+    seconds = {C(0): 1.0, C(1): 1.6}
+    spent, lost, previous, probes = 0.0, 0.0, C(0), 0
+    for cycle in range(4000):
+        c = p.choice
+        drafts = [int(i < 50) for i in range(100)] if c.num_steps else [0] * 100  # k = 1: 1.5 / 1.6 of 0's rate
+        timings = {"verify": seconds[c]}
+        if c == C(1) and previous != C(1):
+            timings[CATCH_UP_PHASE] = 0.5  # the head catches up on what it sat out
+        if cycle >= 200:
+            spent += sum(timings.values())
+            lost += timings.get(CATCH_UP_PHASE, 0.0) + (seconds[c] - 1.5 if c.num_steps else 0.0)
+            probes += c != previous and c == C(1)
+        p.observe(c, drafts, timings)
+        previous = c
+    assert p.best == C(0)
+    assert lost / spent <= 1.25 * PROBE_BUDGET, (lost / spent, probes)
+    assert probes >= 5
 
 
 def test_another_drafters_averages_weigh_its_first_cycles_alike_and_move_slowly_after():
