@@ -10,7 +10,7 @@ from eyas.engine.speculative.adaptive.acceptance import AcceptanceModel
 from eyas.engine.speculative.adaptive.controller import AdaptiveController
 from eyas.engine.speculative.adaptive.ema import EmaPolicy
 from eyas.engine.speculative.adaptive.throughput import (MIN_OWN_CYCLES, PROBE_BUDGET, STALE_OTHER_UPDATES,
-                                                   SWITCH_MARGIN, ThroughputPolicy)
+                                                   STALE_UPDATES, SWITCH_MARGIN, ThroughputPolicy)
 from eyas.engine.speculative.adaptive.tiers import Tier, build_tiers, tier_index
 from eyas.engine.speculative.candidate import Candidate
 
@@ -644,6 +644,21 @@ def test_zero_steps_is_probed_once_stale_whatever_its_estimate_and_the_best():
     p.best, p.index = C(2), p.candidates.index(C(2))
     seen = run_at_batch(p, 2 * (STALE_OTHER_UPDATES + 2 * 6), 8, seconds, accepted)
     assert 0 in seen and p.best == C(0)
+
+
+def test_at_zero_steps_a_drafter_estimated_below_it_is_probed_only_once_stale():
+    """At batch 8, 1 step estimated within a tenth of 0 steps was probed every probe interval (12% of the
+    cycles, each after a catch-up); from 0 steps such a candidate waits until it is stale."""
+    p = ThroughputPolicy(chains(0, 1), C(0), AcceptanceModel(0.9), ema_alpha=0.3, update_interval=2, probe_interval=6)
+    seconds = {C(0): 1.0, C(1): 1.6}
+    seen = []
+    for cycle in range(4200):
+        c = p.choice
+        drafts = [int(i < 50) for i in range(100)] if c.num_steps else [0] * 100  # k = 1: 1.5 / 1.6 of 0's rate
+        p.observe(c, drafts, {"verify": seconds[c]})
+        seen.append(c.num_steps)
+    runs = sum(1 for a, b in zip(seen[200:], seen[201:]) if b == 1 and a == 0)
+    assert p.best == C(0) and 1 <= runs <= 4200 // (2 * STALE_UPDATES) + 1, runs
 
 
 def test_probes_of_a_close_neighbour_and_their_catch_ups_stay_within_the_probe_budget():
