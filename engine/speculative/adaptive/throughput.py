@@ -22,18 +22,18 @@ it (when the best is not a chain: the best chain), then each other candidate, th
 lists it; 0 steps is also probed first, whatever its estimate and its turn, while its cost at the current
 batch size is only scaled from another one, and once it has not run for `STALE_OTHER_UPDATES` updates (see
 `_probe`). A probe estimated more than `PROBE_MARGIN` below the best, or, at 0 steps, any drafting candidate
-estimated below it, is skipped for the next in turn; when all
-are, the one that has waited longest runs once it has not run for `STALE_UPDATES` updates (an estimate from a
-few cycles of bursty acceptance, n-gram lookup's above all, must not rule a candidate out for good; a tree's
-or another drafter's sooner, and its estimate stands only after `MIN_OWN_CYCLES` cycles). A probe of a
-measured candidate runs only while the seconds it would lose (an interval at its cycle time, at the rate it
-falls short of the best by, and the catch-up of the draft head when the best does not run it) fit, with what
-every probe lost before, within `PROBE_BUDGET` of the seconds run: at batch 8 a suffix probe of 8 steps cost
-5.8 zero-step cycles at half their rate, and stale probes every 25 updates spent 12% of the time there; at
-batch 32 probes of 1 and 2 steps from 0, each after a catch-up over every token held since, spent 6%; at batch
-8 probes of 1 step, estimated within a tenth of 0 steps, ran one interval in seven. Probes refresh the
-acceptance of a deeper position, a neighbour's cost, or another candidate's acceptance on the current text.
-The state lives as long as the engine: later `generate` calls start from what earlier ones measured.
+estimated below it, is skipped for the next in turn; when all are, the one that has waited longest runs once
+it has not run for `STALE_UPDATES` updates (an estimate from a few cycles of bursty acceptance, n-gram
+lookup's above all, must not rule a candidate out for good; a tree's or another drafter's sooner, and its
+estimate stands only after `MIN_OWN_CYCLES` cycles). A probe of a measured candidate runs only while the
+seconds it would lose (an interval at its cycle time, at the rate it falls short of the best by, and the
+catch-up of the draft head when the best does not run it) fit, with what every probe lost before, within
+`PROBE_BUDGET` of the seconds run: at batch 8 a suffix probe of 8 steps cost 5.8 zero-step cycles at half
+their rate, and stale probes every 25 updates spent 12% of the time there; at batch 32 probes of 1 and 2 steps
+from 0, each after a catch-up over every token held since, spent 6%; at batch 8 a probe of 1 step estimated
+within a tenth of 0 steps could run every probe interval, one in seven. Probes refresh the acceptance of a
+deeper position, a neighbour's cost, or another candidate's acceptance on the current text. The state lives as
+long as the engine: later `generate` calls start from what earlier ones measured.
 """
 
 from eyas.engine.phase_clock import CATCH_UP_PHASE
@@ -199,7 +199,7 @@ class ThroughputPolicy:
             # plain decoding's estimate is refreshed whatever the turn: one scaled from another batch size or
             # left stale could keep a losing candidate the best for long (at batch 8, 0 steps measured only at
             # 2 was estimated at 46 ms a cycle against 20 measured; at 32 two stalls of this machine in its
-            # last cycles raised it from 59 to 88 ms; in both a chain that lost to it by a fifth stayed best)
+            # last cycles raised it from 59 to 88 ms; in both a chain that lost to it stayed the best)
             return plain
         start = self._probe_turn % len(order)
         self._probe_turn += 1
@@ -213,9 +213,8 @@ class ThroughputPolicy:
 
     def _close_probe_pays(self, candidate: Candidate, rates: dict) -> bool:
         """At 0 steps, a drafting candidate estimated below it is probed only once stale: each such probe starts
-        with a catch-up and leaves the batch's requests apart (at batch 8, aot, SmolLM2, probes of 1 step
-        estimated within a tenth of 0 steps ran 12% of the cycles, and the default made 0.92x plain where 0
-        steps alone made 1.01x, in one process)."""
+        with a catch-up and leaves the batch's requests apart (at batch 8, aot, SmolLM2, in one process: the
+        default's drafting cycles were 12% of all, and it made 0.92x plain where 0 steps alone made 1.01x)."""
         return self.best != self._plain or rates[candidate] >= rates[self.best]
 
     def _stale(self, candidate: Candidate) -> bool:
