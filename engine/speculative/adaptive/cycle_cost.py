@@ -1,8 +1,11 @@
 """Seconds per decode cycle as a function of the candidate and the batch size b, from measurements.
 
-Per batch size: a moving average of the cycle time of each candidate measured there (a measurement more than
-`OUTLIER` times the average is clipped: a stall of this machine, not a cost of the candidate). A chain cycle
-at k >= 1 steps drafts k tokens and verifies k + 1, so its cost grows about linearly in k: the slope comes
+Per batch size: a moving average of the cycle time of each candidate measured there. For a chain or 0 steps, whose
+cycles do the same work each time, a measurement more than `OUTLIER` times the average is a stall of this machine,
+not a cost of the candidate: it is left out, and only a second in a row is taken in (clipped there: the machine's
+speed changed). A tree shape's or another drafter's cycle is never left out nor clipped: another drafter's cycle
+that drafts nothing verifies a token per request, the next may verify num_steps + 1, five times the cost at batch 8.
+A chain cycle at k >= 1 steps drafts k tokens and verifies k + 1, so its cost grows about linearly in k: the slope comes
 from a least-squares line through the averages of every k measured at that batch size, and the level from the
 k measured most recently. So one line serves every k: a k not run lately (or ever, once two others were) is
 estimated from the fresh level, and a drift of this machine's speed moves every k alike. A cycle at k = 0
@@ -41,22 +44,33 @@ class CycleCostModel:
         self._slopes: dict[int, float | None] = {}  # b -> fitted seconds per step (cleared by new measurements)
         self.cycles = 0
         self._plain_seen: int | None = None  # the cycle 0 steps last ran at
+        self._stalled: set = set()  # (candidate, b) whose last measurement was left out as a stall
 
     def observe(self, candidate, batch_size: int, seconds: float) -> None:
         key = (candidate, batch_size)
-        old = self.mean.get(key)
         self.cycles += 1
+        if _family(candidate) != LINE and not _is_plain(candidate):
+            # unclipped: clipped at twice its average, suffix decoding's estimate at batch 8 (SmolLM2, aot, chat
+            # prompts) rose only from 19 ms a cycle (a first cycle that matched nothing) to 42 ms over three waves
+            # of probes while its cycles there took 90 ms on average, and it kept being probed and chosen
+            self.mean[key] = self._own.add(key, seconds)
+            return
+        old = self.mean.get(key)
+        if old is not None and seconds > OUTLIER * old and key not in self._stalled:
+            # left out: at batch 32 (SmolLM2, aot) a zero-step cycle of 346 ms among ones of 65, clipped, raised 0
+            # steps' estimate by a quarter, and 1 step became the best until 0 steps was probed again (plain
+            # decoding's own steps stall alike on this machine)
+            self._stalled.add(key)
+            return
+        self._stalled.discard(key)
         if _is_plain(candidate):
             if self._plain_seen is not None and self.cycles - self._plain_seen > RESTART_AFTER:
                 old = None
             self._plain_seen = self.cycles
-        clipped = seconds if old is None else min(seconds, OUTLIER * old)
-        if _family(candidate) != LINE and not _is_plain(candidate):
-            self.mean[key] = self._own.add(key, clipped)
-        elif old is None:
+        if old is None:
             self.mean[key] = seconds
         else:
-            self.mean[key] = self.alpha * clipped + (1 - self.alpha) * old
+            self.mean[key] = self.alpha * min(seconds, OUTLIER * old) + (1 - self.alpha) * old
         if _family(candidate) == LINE:
             self.latest[batch_size] = candidate
             self._slopes.pop(batch_size, None)

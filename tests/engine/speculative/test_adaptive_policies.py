@@ -157,13 +157,35 @@ def test_plain_decoding_cost_follows_the_machine_as_a_chains_does():
     assert c.seconds(C(0), 8) == pytest.approx(1.0 + 0.9 / 16)
     assert c.seconds(other, 8) == pytest.approx(1.0 + 0.9 / 5)
 
-def test_cycle_cost_clips_a_stall():
+def test_another_drafters_dear_cycles_are_its_cost_not_a_stall():
+    # a suffix cycle that matched nothing verifies one token per request; the next, with matches, verifies up
+    # to num_steps + 1: clipped at twice the first, such cycles were estimated at well under half their cost
+    from eyas.engine.speculative.adaptive.cycle_cost import CycleCostModel
+
+    c = CycleCostModel(ema_alpha=0.2, own_alpha=0.05)
+    suffix = Candidate(8, drafter="suffix")
+    c.observe(suffix, 8, 0.018)
+    for _ in range(5):
+        c.observe(suffix, 8, 0.090)
+    assert c.seconds(suffix, 8) == pytest.approx((0.018 + 5 * 0.090) / 6)
+    c.observe(C(0), 8, 0.018)
+    c.observe(C(0), 8, 0.090)  # plain decoding does the same work every cycle: that was a stall
+    assert c.seconds(C(0), 8) == pytest.approx(0.018)
+
+
+@pytest.mark.parametrize("candidate", [C(3), C(0)])
+def test_cycle_cost_leaves_a_stall_out_and_takes_a_new_speed_in(candidate):
     from eyas.engine.speculative.adaptive.cycle_cost import OUTLIER, CycleCostModel
 
     c = CycleCostModel(ema_alpha=0.5)
-    c.observe(C(3), 1, 1.0)
-    c.observe(C(3), 1, 100.0)  # a stall of the machine, not a cost of k
-    assert c.seconds(C(3), 1) == pytest.approx(0.5 * OUTLIER + 0.5)
+    c.observe(candidate, 1, 1.0)
+    c.observe(candidate, 1, 100.0)  # a stall of the machine, not a cost of k
+    assert c.seconds(candidate, 1) == pytest.approx(1.0)
+    c.observe(candidate, 1, 1.2)
+    c.observe(candidate, 1, 5.0)  # after a stall left out, one cycle taken in: the next stall is left out too
+    assert c.seconds(candidate, 1) == pytest.approx(1.1)
+    c.observe(candidate, 1, 5.0)  # the second in a row: the machine slowed down
+    assert c.seconds(candidate, 1) == pytest.approx(0.5 * OUTLIER * 1.1 + 0.5 * 1.1)
 
 
 def best_k(candidates, a, cost):
