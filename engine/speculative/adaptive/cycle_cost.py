@@ -11,7 +11,9 @@ k measured most recently. So one line serves every k: a k not run lately (or eve
 estimated from the fresh level, and a drift of this machine's speed moves every k alike. A cycle at k = 0
 (plain decoding) drafts nothing: it is averaged on its own with the chains' weight (its cost is as steady as
 theirs, and it runs mostly in probes, so a slower average would keep a cost from the machine's first, slow
-cycles and favour speculating), afresh when it comes back after `RESTART_AFTER` cycles away. A tree shape or
+cycles and favour speculating). A chain or 0 steps back after `RESTART_AFTER` cycles away starts its average
+afresh: estimates compared across this machine's drifts (a slow spell raised 0 steps' cost at batch 8 from 21
+to 33 ms a cycle while 1 step's stood at 42 from a faster one) make the one that runs look worse. A tree shape or
 another drafter drafts and verifies on its own pattern, with cycles that differ more from one to the next:
 each is averaged on its own (a `SettlingAverage` of weight `own_alpha`). At a batch size not measured (for
 that candidate, or for any chain k >= 1 on the line), the nearest one that was is scaled in proportion.
@@ -20,8 +22,8 @@ that candidate, or for any chain k >= 1 on the line), the nearest one that was i
 from eyas.engine.speculative.adaptive.settling_average import SettlingAverage
 
 OUTLIER = 2.0
-# 0 steps back after sitting out this many cycles (at any batch size) starts its average afresh: what it
-# measured before (a stall in its last cycles included) says less than its first cycle now
+# a chain or 0 steps back after sitting out this many cycles (at any batch size) starts its average afresh: what
+# it measured before, at another of this machine's speeds, says less than its first cycle now
 RESTART_AFTER = 20
 LINE = "line"  # the family of chain step counts >= 1
 
@@ -43,7 +45,7 @@ class CycleCostModel:
         self.latest: dict = {}  # b -> the chain (k >= 1) measured last at b
         self._slopes: dict[int, float | None] = {}  # b -> fitted seconds per step (cleared by new measurements)
         self.cycles = 0
-        self._plain_seen: int | None = None  # the cycle 0 steps last ran at
+        self._seen: dict = {}  # a chain or 0 steps -> the cycle it last ran at (any batch size)
         self._stalled: set = set()  # (candidate, b) whose last measurement was left out as a stall
 
     def observe(self, candidate, batch_size: int, seconds: float) -> None:
@@ -63,10 +65,10 @@ class CycleCostModel:
             self._stalled.add(key)
             return
         self._stalled.discard(key)
-        if _is_plain(candidate):
-            if self._plain_seen is not None and self.cycles - self._plain_seen > RESTART_AFTER:
-                old = None
-            self._plain_seen = self.cycles
+        seen = self._seen.get(candidate)
+        if seen is not None and self.cycles - seen > RESTART_AFTER:
+            old = None
+        self._seen[candidate] = self.cycles
         if old is None:
             self.mean[key] = seconds
         else:

@@ -16,13 +16,15 @@ count, then tree shapes and other drafters, each of those until its estimate sta
 measurements so far already estimate more than `PROBE_MARGIN` below the best (so a costly deep k need not be
 tried), then every `update_interval` cycles takes the best estimate (when it beats the current best's by more
 than `SWITCH_MARGIN`: estimates within that of each other are noise on this machine; where the tier lists 0
-steps, a drafting candidate must beat its estimate by `PLAIN_MARGIN`, else 0 steps is the best). Every
+steps, a drafting candidate must beat its estimate by `PLAIN_MARGIN`, else 0 steps is the best, and one that did
+not run in the interval just ended first runs an interval at 0 steps' expense to confirm it on this machine's
+speed now). Every
 `probe_interval` updates it spends one interval on a probe, in turn: the chain above the best, the chain below
 it (when the best is not a chain: the best chain), then each other candidate, then 0 steps where the tier
 lists it; 0 steps is also probed first, whatever its estimate and its turn, while its cost at the current
 batch size is only scaled from another one, and once it has not run for `STALE_OTHER_UPDATES` updates (see
 `_probe`). A probe estimated more than `PROBE_MARGIN` below the best, or, at 0 steps, any drafting candidate
-estimated below it, is skipped for the next in turn; when all are, the one that has waited longest runs once
+not estimated to beat it by `PLAIN_MARGIN`, is skipped for the next in turn; when all are, the one that has waited longest runs once
 it has not run for `STALE_UPDATES` updates (an estimate from a few cycles of bursty acceptance, n-gram
 lookup's above all, must not rule a candidate out for good; a tree's or another drafter's sooner, and its
 estimate stands only after `MIN_OWN_CYCLES` cycles). A probe of a measured candidate runs only while the
@@ -150,8 +152,9 @@ class ThroughputPolicy:
         self.updates += 1
         rates = self.estimated_rates()
         known = {c: r for c, r in rates.items() if r is not None}
+        confirm = None
         if known:
-            leader = max(known, key=known.get)
+            leader, before = max(known, key=known.get), self.best
             # the best changes hands only to a clear leader: cycle times here vary by a third from one
             # cycle to the next, and each switch to a slower candidate costs its interval
             if known.get(self.best) is None or known[leader] > (1 + SWITCH_MARGIN) * known[self.best]:
@@ -160,10 +163,20 @@ class ThroughputPolicy:
             plain = self._plain
             if plain in known and self.best != plain and known[self.best] <= (1 + PLAIN_MARGIN) * known[plain]:
                 self.best = plain
-        choice = self.best
-        if self.probe_interval and self.updates % self.probe_interval == 0:
+            elif before == plain and self.best != plain and not self._fresh(self.best):
+                # leaving 0 steps on an estimate measured before 0 steps' fresh ones is a comparison across
+                # this machine's drifts (at batch 8 a slow spell raised 0 steps' cost from 21 to 33 ms a cycle
+                # while 1 step's stood at 42 from a faster one, and 1 and 2 steps took over): run it an
+                # interval first, and it takes over only if its fresh estimate still beats 0 steps
+                confirm, self.best = self.best, plain
+        choice = confirm or self.best
+        if confirm is None and self.probe_interval and self.updates % self.probe_interval == 0:
             choice = self._probe(rates) or self.best
         self.index = self.candidates.index(choice)
+
+    def _fresh(self, candidate: Candidate) -> bool:
+        """Whether the candidate ran in the interval just ended: its estimate stands on this machine's speed now."""
+        return self._last_run.get(candidate, -2) >= self.updates - 1
 
     def _not_worth_exploring(self, candidate: Candidate) -> bool:
         """Already estimated (from the cost line and the acceptance of other step counts) far below the
@@ -212,10 +225,12 @@ class ThroughputPolicy:
         return due if self._stale(due) and self._probe_fits(due, rates) else None
 
     def _close_probe_pays(self, candidate: Candidate, rates: dict) -> bool:
-        """At 0 steps, a drafting candidate estimated below it is probed only once stale: each such probe starts
-        with a catch-up and leaves the batch's requests apart (at batch 8, aot, SmolLM2, in one process: the
-        default's drafting cycles were 12% of all, and it made 0.92x plain where 0 steps alone made 1.01x)."""
-        return self.best != self._plain or rates[candidate] >= rates[self.best]
+        """At 0 steps, a drafting candidate not estimated to beat it by `PLAIN_MARGIN` is probed only once stale:
+        its probe could not make it the best, and each starts with a catch-up and leaves the batch's requests
+        apart (at batch 8, aot, SmolLM2, in one process: the default's drafting cycles were 12% of all, and it
+        made 0.92x plain where 0 steps alone made 1.01x; with the bar at 0 steps' own estimate, 1 step within
+        a few percent of it either way was still probed every few probe intervals)."""
+        return self.best != self._plain or rates[candidate] > (1 + PLAIN_MARGIN) * rates[self.best]
 
     def _stale(self, candidate: Candidate) -> bool:
         """Not run for its stale updates: a step count's 100, another drafter's, a tree's and 0 steps' 25."""
