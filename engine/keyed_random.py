@@ -9,6 +9,8 @@ below 2**63 (see `_mul32`), so no step relies on signed overflow.
 
 import torch
 
+from eyas.kernels import cpu_ops
+
 MASK32 = 0xFFFFFFFF
 _M1, _M2 = 0x7FEB352D, 0x846CA68B  # multiplier pair of a low-bias 32-bit mixer
 _SEED_MIX = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)  # 64-bit finaliser (host side)
@@ -67,7 +69,15 @@ def row_keys(words: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
 
 
 def uniforms(keys: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
-    """keys: [R, 2]; token_ids: [n] or [R, n] -> [R, n] float32 uniforms in (0, 1), one per (row, token)."""
+    """keys: [R, 2]; token_ids: [n] or [R, n] -> [R, n] float32 uniforms in (0, 1), one per (row, token).
+    On a CPU with eyas's ops built, in one pass (`kernels/cpu_keyed_noise.cpp`, the same bits)."""
+    if keys.device.type == "cpu" and cpu_ops.is_loaded():
+        return torch.ops.eyas_cpu.keyed_uniforms(keys, token_ids)
+    return tensor_uniforms(keys, token_ids)
+
+
+def tensor_uniforms(keys: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """`uniforms` in tensor ops, on any device."""
     x = _mix32_(token_ids ^ keys[:, :1])  # a new tensor, [R, n]: hashed in place
     return to_uniforms(_mix32_(x.bitwise_xor_(keys[:, 1:])))
 

@@ -1,5 +1,5 @@
 """eyas's C++ CPU ops (`cpu_gemm.cpp`, `cpu_quant_gemm.cpp`, `cpu_int8_dot_gemm.cpp`, `cpu_attention.cpp`,
-`cpu_norm.cpp`), one library built with the system's C++ compiler on first use.
+`cpu_norm.cpp`, `cpu_keyed_noise.cpp`), one library built with the system's C++ compiler on first use.
 
 The ops are registered from C++ (`torch.ops.eyas_cpu.*`), so a compiled graph (an AOTInductor package
 too) calls them without Python. `build(directory)` compiles them once per machine into `directory`
@@ -29,7 +29,7 @@ except ImportError:  # no advisory locks: two first runs may both compile (each 
     fcntl = None
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("cpu_gemm.cpp", "cpu_quant_gemm.cpp", "cpu_int8_dot_gemm.cpp",
-                                                            "cpu_attention.cpp", "cpu_norm.cpp"))
+                                                            "cpu_attention.cpp", "cpu_norm.cpp", "cpu_keyed_noise.cpp"))
 HEADERS = tuple(Path(__file__).with_name(name) for name in ("block_epilogue.h",))
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-std=c++20", "-w")
 
@@ -75,6 +75,7 @@ def build(directory: str | os.PathLike) -> Path:
             torch.library.register_fake("eyas_cpu::int8_dot_linear")(_int8_dot_linear_shape)
             torch.library.register_fake("eyas_cpu::paged_attention")(_paged_attention_shape)
             torch.library.register_fake("eyas_cpu::rms_norm")(_rms_norm_shape)
+            torch.library.register_fake("eyas_cpu::keyed_uniforms")(_keyed_uniforms_shape)
         _loaded = library
         return library
 
@@ -101,6 +102,10 @@ def _int8_dot_linear_shape(x, codes, scales, offsets, bits, out_features, bias=N
 
 def _rms_norm_shape(x, weight, eps):
     return torch.empty_like(x)
+
+
+def _keyed_uniforms_shape(keys, token_ids):
+    return keys.new_empty((keys.shape[0], token_ids.shape[-1]), dtype=torch.float32)
 
 
 def _paged_attention_shape(q, k_cache, v_cache, context_slots, mask, scale):
