@@ -49,7 +49,7 @@ at::Tensor keyed_uniforms(const at::Tensor& keys, const at::Tensor& token_ids) {
   const int64_t* key_data = k.data_ptr<int64_t>();
   const int64_t* id_data = ids.data_ptr<int64_t>();
   float* out_data = out.data_ptr<float>();
-  // one grain per row of a vocabulary: a row of 49,152 columns is worth a thread, a few short rows are not
+  // grains of 16,384 columns: a row of 49,152 is split between threads, a few short rows stay on one
   at::parallel_for(0, rows * n, 16384, [&](int64_t first, int64_t last) {
     for (int64_t i = first; i < last;) {  // the range's part of each row it touches: one key, contiguous columns
       const int64_t r = i / n, end = std::min(last, (r + 1) * n);
